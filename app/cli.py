@@ -1,0 +1,152 @@
+"""The ``runwatch`` command line.
+
+Each subcommand parses into plain arguments and calls one function; errors in
+user input (bad paths, bad logs, bad names) print one line and exit 2, never a
+traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+import time
+from collections.abc import Sequence
+
+EXIT_OK, EXIT_ACTION, EXIT_USAGE = 0, 1, 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse's own exit code for usage errors is 2 as well
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"runwatch: error: {message}\n")
+
+
+def _cmd_import(args: argparse.Namespace) -> int:
+    from runwatch.collectors.importers import import_logs
+
+    result = import_logs(args.format, args.paths, args.root, args.run,
+                         skip_bad_lines=args.skip_bad_lines, replace=args.replace)
+    print(f"imported {result.num_rows} rows and {result.num_events} events into run {result.run!r} "
+          f"({result.num_segments} segment{'s' if result.num_segments != 1 else ''}) under {args.root}")
+    if args.skip_bad_lines:
+        print(f"skipped {result.num_skipped} bad line{'s' if result.num_skipped != 1 else ''}")
+    return EXIT_OK
+
+
+def _ago(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f}{unit} ago"
+    return f"{seconds:.0f}s ago"
+
+
+def _cmd_runs(args: argparse.Namespace) -> int:
+    from runwatch.data import Store
+
+    with Store(args.root) as store:
+        table = store.runs()
+    rows = table.to_pylist()
+    if args.json:
+        print(json.dumps(rows, default=str))
+        return EXIT_OK
+    if not rows:
+        print(f"no runs under {args.root}")
+        return EXIT_OK
+    now = time.time()
+    header = ("run", "last step", "segments", "ranks", "rows", "tokens", "updated")
+    lines = [header] + [
+        (r["run"], str(r["last_step"]), str(r["num_segments"]), str(r["num_ranks"]), str(r["num_rows"]),
+         "-" if r["tokens"] is None else f"{r['tokens']:,}", _ago(None if r["last_update"] is None else now - r["last_update"]))
+        for r in rows
+    ]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    for line in lines:
+        print("  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip())
+    return EXIT_OK
+
+
+def _cmd_compact(args: argparse.Namespace) -> int:
+    from runwatch.data import compact
+
+    counts = compact(args.root, args.run)
+    print(f"compacted {counts['files_before']} files into {counts['files_after']}")
+    return EXIT_OK
+
+
+def _delegate(module: str, function: str = "main"):
+    """A subcommand implemented in another module of the app, imported only when used."""
+
+    def run(args: argparse.Namespace) -> int:
+        return getattr(importlib.import_module(module), function)(args)
+
+    return run
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="runwatch", description="Training-health observability for PyTorch runs.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
+
+    def root_arg(p: argparse.ArgumentParser, required: bool = True) -> None:
+        p.add_argument("--root", required=required, help="runwatch store root (a directory of run=<id>/...)")
+
+    p = sub.add_parser("import", help="import an archived run log into the store",
+                       description="Parse a training log and store it as a run. Nothing lands unless the whole file parses.")
+    p.add_argument("format", help="log format, or 'auto' to detect it from the content")
+    p.add_argument("paths", nargs="+", metavar="PATH", help="log file(s), read in the order given")
+    root_arg(p)
+    p.add_argument("--run", required=True, help="name of the run to create")
+    p.add_argument("--skip-bad-lines", action="store_true", help="skip malformed lines and report how many")
+    p.add_argument("--replace", action="store_true", help="replace the run if it already exists")
+    p.set_defaults(func=_cmd_import)
+
+    p = sub.add_parser("runs", help="list the runs under a root", description="List every run under ROOT.")
+    root_arg(p)
+    p.add_argument("--json", action="store_true", help="print a JSON array instead of a table")
+    p.set_defaults(func=_cmd_runs)
+
+    p = sub.add_parser("compact", help="merge small Parquet parts", description="Merge each partition's small files into one; query results are unchanged.")
+    root_arg(p)
+    p.add_argument("--run", help="only this run (default: every run)")
+    p.set_defaults(func=_cmd_compact)
+
+    p = sub.add_parser("check", help="run the detectors and print findings and rollback advice",
+                       description="Judge a run: findings, segments and rollback advice. Exit 0 healthy, 1 action needed, 2 usage or data error.")
+    root_arg(p)
+    p.add_argument("--run", required=True, help="run to check")
+    p.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout")
+    p.set_defaults(func=_delegate("runwatch.app.check"))
+
+    p = sub.add_parser("dashboard", help="serve the on-call dashboard", description="Serve the Streamlit dashboard over ROOT.")
+    root_arg(p)
+    p.add_argument("--port", type=int, default=8501, help="port (default 8501)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.set_defaults(func=_delegate("runwatch.app.serve"))
+
+    p = sub.add_parser("demo", help="train a tiny model with faults, then open the dashboard on it",
+                       description="Record a real tiny CPU training run with a recovered spike, an unrecovered spike and a rollback, then serve the dashboard.")
+    p.add_argument("--root", default="runwatch-demo", help="where to write the demo store (default ./runwatch-demo)")
+    p.add_argument("--port", type=int, default=8501, help="dashboard port (default 8501)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--no-dashboard", action="store_true", help="only record the demo runs")
+    p.set_defaults(func=_delegate("runwatch.app.demo"))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ValueError, OSError, RuntimeError) as err:
+        # Bad input or a data error: one clear line, no traceback.
+        print(f"runwatch: error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

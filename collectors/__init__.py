@@ -1,0 +1,17 @@
+"""runwatch.collectors: where records come from (torch hooks on a live loop, importers for archived logs).
+
+``Monitor`` needs torch; it is imported lazily so offline use works without it.
+"""
+
+from __future__ import annotations
+
+
+def __getattr__(name: str):
+    if name == "Monitor":
+        from runwatch.collectors.monitor import Monitor
+
+        return Monitor
+    raise AttributeError(name)
+
+
+__all__ = ["Monitor"]

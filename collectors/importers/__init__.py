@@ -1,0 +1,52 @@
+"""Importers: archived run logs -> the run record.
+
+Each format is a module with ``parse(paths, *, skip_bad_lines) -> ParsedLog``
+and ``sniff(head: str) -> bool``; ``FORMATS`` maps the CLI name to the module.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from types import ModuleType
+
+from runwatch.collectors.importers.base import ImportResult, LogFormatError, ParsedLog, write_import
+
+# CLI name -> module under runwatch.collectors.importers. Order matters for
+# `auto`: the first format whose sniff() accepts the file's head wins.
+FORMATS: dict[str, str] = {
+    "jsonl": "jsonl",
+}
+
+
+def get_format(name: str) -> ModuleType:
+    if name not in FORMATS:
+        raise ValueError(f"unknown format {name!r}; expected one of: auto, {', '.join(FORMATS)}")
+    return importlib.import_module(f"runwatch.collectors.importers.{FORMATS[name]}")
+
+
+def detect_format(path: str | Path) -> str:
+    """The first format whose sniffer accepts the head of ``path``."""
+    with open(path, "rb") as f:
+        head = f.read(256 * 1024).decode("utf-8", errors="replace")
+    for name in FORMATS:
+        if get_format(name).sniff(head):
+            return name
+    raise ValueError(f"{path}: could not detect the log format; pass one of: {', '.join(FORMATS)}")
+
+
+def import_logs(fmt: str, paths: list[str | Path], root: str | Path, run: str, *,
+                skip_bad_lines: bool = False, replace: bool = False) -> ImportResult:
+    """Parse ``paths`` as ``fmt`` (or ``auto``) and land them as run ``run`` under ``root``."""
+    if not paths:
+        raise ValueError("no input files given")
+    for p in paths:
+        if not Path(p).exists():
+            raise ValueError(f"{p}: no such file")
+    name = detect_format(paths[0]) if fmt == "auto" else fmt
+    parsed = get_format(name).parse([Path(p) for p in paths], skip_bad_lines=skip_bad_lines)
+    meta = {"source": f"import:{name}", "source_files": [str(Path(p).resolve()) for p in paths]}
+    return write_import(root, run, parsed, replace=replace, meta=meta)
+
+
+__all__ = ["FORMATS", "ImportResult", "LogFormatError", "ParsedLog", "detect_format", "get_format", "import_logs"]

@@ -1,0 +1,110 @@
+"""The run record: the Arrow schemas every stage agrees on.
+
+Collectors and importers produce tables in these schemas, storage writes them,
+the store reads them back. Column names are a public contract: other engines
+(DuckDB, Spark, Trino) query the Parquet tree by these names.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+
+import pyarrow as pa
+
+SCHEMA_VERSION = 1
+
+# Per step and rank. NaN and Inf are data and are stored as they are; null
+# means "not measured at this step".
+METRIC_FIELDS: tuple[pa.Field, ...] = (
+    pa.field("step", pa.int64(), nullable=False),
+    pa.field("time", pa.float64()),  # unix seconds
+    pa.field("tokens", pa.int64()),  # tokens consumed so far (data position)
+    pa.field("samples", pa.int64()),  # samples (sequences) consumed so far
+    pa.field("loss", pa.float64()),
+    pa.field("grad_norm", pa.float64()),
+    pa.field("loss_scale", pa.float64()),  # absent for bf16/fp32
+    pa.field("act_norm", pa.float64()),  # final layer's activation norm
+    pa.field("lr", pa.float64()),
+    pa.field("found_inf", pa.bool_()),  # the scaler skipped this step
+)
+METRICS_SCHEMA = pa.schema(METRIC_FIELDS, metadata={"runwatch.schema_version": str(SCHEMA_VERSION)})
+METRIC_COLUMNS: tuple[str, ...] = tuple(f.name for f in METRIC_FIELDS)
+FLOAT_METRICS: tuple[str, ...] = ("loss", "grad_norm", "loss_scale", "act_norm", "lr")
+
+# Hive partition columns: they live in the path, never inside a file.
+PARTITION_COLUMNS: tuple[str, ...] = ("run", "segment", "rank")
+RESERVED_NAMES = frozenset(METRIC_COLUMNS) | frozenset(PARTITION_COLUMNS) | {"event", "payload"}
+
+EVENT_KINDS: tuple[str, ...] = ("checkpoint", "resume", "config", "note")
+EVENT_FIELDS: tuple[pa.Field, ...] = (
+    pa.field("event", pa.string(), nullable=False),
+    pa.field("step", pa.int64(), nullable=False),
+    pa.field("time", pa.float64()),
+    pa.field("payload", pa.string()),  # a JSON object; its keys depend on the kind
+)
+EVENTS_SCHEMA = pa.schema(EVENT_FIELDS, metadata={"runwatch.schema_version": str(SCHEMA_VERSION)})
+
+
+def is_valid_extra_name(name: str) -> bool:
+    """True for a free-form scalar name that cannot collide with the record."""
+    return bool(name) and name not in RESERVED_NAMES and name.replace("_", "a").replace(".", "a").replace("/", "a").replace("-", "a").isalnum()
+
+
+def metrics_table(rows: Iterable[Mapping[str, object]]) -> pa.Table:
+    """Build a metrics table from row dicts: record columns first, extras as float64.
+
+    Missing record fields become null; keys not in the record become extra
+    float64 columns (bools as 0/1). Raises ``ValueError`` for a row without a
+    step or an extra whose name collides with the record.
+    """
+    rows = list(rows)
+    columns: dict[str, list] = {name: [] for name in METRIC_COLUMNS}
+    extras: dict[str, list] = {}
+    for i, row in enumerate(rows):
+        if row.get("step") is None:
+            raise ValueError(f"row {i}: 'step' is required")
+        for key in row:
+            if key not in columns and key not in extras:
+                if not is_valid_extra_name(key):
+                    raise ValueError(f"row {i}: {key!r} is not a valid extra scalar name")
+                extras[key] = [None] * i
+        for key, values in columns.items():
+            values.append(row.get(key))
+        for key, values in extras.items():
+            value = row.get(key)
+            values.append(None if value is None else float(value))
+    arrays = [pa.array(columns[f.name], type=f.type) for f in METRIC_FIELDS]
+    fields = list(METRIC_FIELDS)
+    for key, values in extras.items():
+        arrays.append(pa.array(values, type=pa.float64()))
+        fields.append(pa.field(key, pa.float64()))
+    return pa.Table.from_arrays(arrays, schema=pa.schema(fields, metadata=METRICS_SCHEMA.metadata))
+
+
+def conform_metrics(table: pa.Table) -> pa.Table:
+    """Cast a table to the record: record columns in order with their types, extras as float64."""
+    if "step" not in table.column_names:
+        raise ValueError("metrics table has no 'step' column")
+    arrays, fields = [], []
+    for f in METRIC_FIELDS:
+        if f.name in table.column_names:
+            arrays.append(table[f.name].cast(f.type))
+        else:
+            arrays.append(pa.nulls(table.num_rows, f.type))
+        fields.append(f)
+    for name in table.column_names:
+        if name in METRIC_COLUMNS or name in PARTITION_COLUMNS:
+            continue
+        if not is_valid_extra_name(name):
+            raise ValueError(f"{name!r} is not a valid extra scalar name")
+        arrays.append(table[name].cast(pa.float64()))
+        fields.append(pa.field(name, pa.float64()))
+    return pa.Table.from_arrays(arrays, schema=pa.schema(fields, metadata=METRICS_SCHEMA.metadata))
+
+
+def json_safe(value: object) -> object:
+    """Non-finite floats as the strings 'NaN', 'Infinity', '-Infinity' so the JSON stays strict."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    return value

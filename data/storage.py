@@ -1,0 +1,218 @@
+"""Storage: the Hive-partitioned Parquet tree that collectors write and the store reads.
+
+    ROOT/run=<id>/run.json                                   run metadata
+    ROOT/run=<id>/segment=<k>/rank=<r>/metrics-<seq>.parquet per-step rows
+    ROOT/run=<id>/segment=<k>/rank=<r>/events-<seq>.jsonl    checkpoint/resume/config/note
+
+Every file is written whole under a hidden temporary name and renamed into
+place, so a reader never sees a partial file. Events are JSON Lines rather than
+Parquet so that ``read_parquet('ROOT/**/*.parquet')`` returns metrics only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from runwatch.data.record import EVENT_KINDS, SCHEMA_VERSION, conform_metrics, json_safe
+
+RUN_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$")
+RUN_META = "run.json"
+
+
+def check_run_name(run: str) -> str:
+    """Return ``run`` if it is a safe directory name, else raise ``ValueError``."""
+    if not isinstance(run, str) or not RUN_NAME_RE.match(run) or ".." in run:
+        raise ValueError(
+            f"invalid run name {run!r}: use letters, digits, '.', '_', '+' or '-' "
+            "(at most 128 characters, not starting with a dot)"
+        )
+    return run
+
+
+def run_dir(root: str | Path, run: str) -> Path:
+    return Path(root) / f"run={check_run_name(run)}"
+
+
+def partition_dir(root: str | Path, run: str, segment: int, rank: int) -> Path:
+    if segment < 0 or rank < 0:
+        raise ValueError(f"segment and rank must be >= 0, got segment={segment} rank={rank}")
+    return run_dir(root, run) / f"segment={int(segment)}" / f"rank={int(rank)}"
+
+
+def part_name(prefix: str, ext: str) -> str:
+    """A file name that sorts by creation time and never collides across processes."""
+    return f"{prefix}-{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.{ext}"
+
+
+def _temp_path(path: Path) -> Path:
+    # Hidden and without the .parquet suffix: no glob of the tree can match it.
+    return path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
+
+
+def write_parquet_atomic(table: pa.Table, path: Path) -> Path:
+    """Write ``table`` to ``path`` whole: temporary name, fsync, rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _temp_path(path)
+    try:
+        pq.write_table(table, tmp, compression="zstd")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def write_bytes_atomic(data: bytes, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _temp_path(path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def events_jsonl(events: Iterable[Mapping[str, object]]) -> bytes:
+    """Serialise events: ``{"event", "step", "time", "payload": {...}}`` per line."""
+    lines = []
+    for ev in events:
+        kind = ev.get("event")
+        if kind not in EVENT_KINDS:
+            raise ValueError(f"unknown event kind {kind!r}; expected one of {', '.join(EVENT_KINDS)}")
+        if ev.get("step") is None:
+            raise ValueError(f"{kind} event without a step")
+        payload = {k: json_safe(v) for k, v in ev.items() if k not in ("event", "step", "time", "segment", "rank")}
+        record = {"event": kind, "step": int(ev["step"]), "time": json_safe(ev.get("time")), "payload": payload}
+        lines.append(json.dumps(record, allow_nan=False, default=str))
+    return ("\n".join(lines) + "\n").encode() if lines else b""
+
+
+class StagedWrite:
+    """Files staged under temporary names and renamed into place together.
+
+    Used as a context manager: on success every staged file appears, on an
+    exception none does. This is how an import lands all-or-nothing.
+    """
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+        self._moves: list[tuple[Path, Path]] = []
+
+    def __enter__(self) -> "StagedWrite":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.commit()
+        else:
+            self.abort()
+
+    def _stage(self, final: Path, write) -> Path:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = _temp_path(final)
+        self._moves.append((tmp, final))
+        write(tmp)
+        return final
+
+    def add_metrics(self, run: str, segment: int, rank: int, table: pa.Table) -> Path:
+        final = partition_dir(self.root, run, segment, rank) / part_name("metrics", "parquet")
+        table = conform_metrics(table)
+        return self._stage(final, lambda p: pq.write_table(table, p, compression="zstd"))
+
+    def add_events(self, run: str, segment: int, rank: int, events: Iterable[Mapping[str, object]]) -> Path | None:
+        data = events_jsonl(events)
+        if not data:
+            return None
+        final = partition_dir(self.root, run, segment, rank) / part_name("events", "jsonl")
+        return self._stage(final, lambda p: p.write_bytes(data))
+
+    def add_run_meta(self, run: str, meta: Mapping[str, object]) -> Path:
+        final = run_dir(self.root, run) / RUN_META
+        merged = {**read_run_meta(self.root, run), **meta, "run": run, "schema_version": SCHEMA_VERSION}
+        merged.setdefault("created", time.time())
+        data = json.dumps(merged, indent=1, default=str).encode()
+        return self._stage(final, lambda p: p.write_bytes(data))
+
+    def commit(self) -> list[Path]:
+        done = []
+        for tmp, final in self._moves:
+            os.replace(tmp, final)
+            done.append(final)
+        self._moves = []
+        return done
+
+    def abort(self) -> None:
+        for tmp, _ in self._moves:
+            tmp.unlink(missing_ok=True)
+        self._moves = []
+
+
+def read_run_meta(root: str | Path, run: str) -> dict:
+    path = run_dir(root, run) / RUN_META
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path}: unreadable run metadata ({err})") from err
+
+
+def run_exists(root: str | Path, run: str) -> bool:
+    return run_dir(root, run).is_dir()
+
+
+def list_runs(root: str | Path) -> list[str]:
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    return sorted(p.name[4:] for p in root.iterdir() if p.is_dir() and p.name.startswith("run="))
+
+
+def data_files(root: str | Path, run: str | None = None, kind: str = "metrics") -> list[Path]:
+    """Committed files of one kind ('metrics' or 'events'), oldest first per partition."""
+    ext = "parquet" if kind == "metrics" else "jsonl"
+    base = run_dir(root, run) if run is not None else Path(root)
+    return sorted(base.glob(f"**/{kind}-*.{ext}"))
+
+
+def compact(root: str | Path, run: str | None = None) -> dict[str, int]:
+    """Merge the small parts of each partition into one file; query results are unchanged.
+
+    Rows keep their write order. The merged file is renamed into place before
+    the parts are deleted, so a crash in between leaves duplicates that a
+    second ``compact`` cannot tell apart; it never loses rows.
+    """
+    root = Path(root)
+    runs = [run] if run is not None else list_runs(root)
+    num_before = num_after = 0
+    for name in runs:
+        partitions: dict[Path, list[Path]] = {}
+        for path in data_files(root, name, "metrics") + data_files(root, name, "events"):
+            partitions.setdefault((path.parent, path.name.split("-", 1)[0]), []).append(path)
+        for (directory, kind), parts in partitions.items():
+            num_before += len(parts)
+            num_after += 1
+            if len(parts) < 2:
+                continue
+            if kind == "metrics":
+                tables = [pq.read_table(p) for p in parts]
+                merged = pa.concat_tables(tables, promote_options="permissive")
+                write_parquet_atomic(conform_metrics(merged), directory / part_name("metrics", "parquet"))
+            else:
+                data = b"".join(p.read_bytes() for p in parts)
+                write_bytes_atomic(data, directory / part_name("events", "jsonl"))
+            for p in parts:
+                p.unlink()
+    return {"files_before": num_before, "files_after": num_after}

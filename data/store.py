@@ -1,0 +1,230 @@
+"""The store: DuckDB over the Parquet tree, answering what detectors and the dashboard ask.
+
+Every query reads the committed files directly (no cache to go stale), binds
+values as parameters, and returns Arrow tables. SQL text lives in the module
+constants below; the only interpolated identifier is a metric column name,
+checked against the files' own schema and quoted by ``quote_ident``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from runwatch.data.record import EVENTS_SCHEMA
+from runwatch.data.storage import data_files, list_runs, read_run_meta, run_dir
+
+
+def query_arrow(con: duckdb.DuckDBPyConnection, sql: str, params: dict) -> pa.Table:
+    """Run ``sql`` with bound ``params`` and return Arrow; pass a cursor per thread."""
+    rel = con.sql(sql, params=params)
+    # DuckDB 1.4 renamed .arrow() (which now streams) to .to_arrow_table().
+    return rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()
+
+
+class StoreError(RuntimeError):
+    """A query over the store failed (unreadable file, bad column)."""
+
+
+def quote_ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+_READ = (
+    "read_parquet($files, hive_partitioning=1, union_by_name=1, "
+    "hive_types={'run': VARCHAR, 'segment': INTEGER, 'rank': INTEGER})"
+)
+
+# abandoned_from(k) = the first step of the earliest-starting later segment, when that
+# step is at or below segment k's last step: k's rows from there on are a dead branch.
+_SEGMENTS_SQL = f"""
+WITH m AS (SELECT segment, step, time FROM {_READ}),
+seg AS (
+  SELECT segment, min(step) AS first_step, max(step) AS last_step,
+         min(time) AS first_time, max(time) AS last_time, count(*) AS num_rows
+  FROM m GROUP BY segment
+)
+SELECT a.segment, a.first_step, a.last_step, a.first_time, a.last_time, a.num_rows,
+       (SELECT CASE WHEN min(b.first_step) <= a.last_step THEN min(b.first_step) END
+        FROM seg b WHERE b.segment > a.segment) AS abandoned_from
+FROM seg a ORDER BY a.segment
+"""
+
+_ROWS_SQL = f"""
+WITH m AS (SELECT * EXCLUDE (run) FROM {_READ} WHERE ($rank IS NULL OR rank = $rank)),
+seg AS (SELECT segment, min(step) AS first_step FROM m GROUP BY segment),
+cut AS (
+  SELECT a.segment, (SELECT min(b.first_step) FROM seg b WHERE b.segment > a.segment) AS cut_step
+  FROM seg a
+)
+SELECT m.*, (cut.cut_step IS NULL OR m.step < cut.cut_step) AS main
+FROM m JOIN cut USING (segment)
+WHERE ($lo IS NULL OR m.step >= $lo) AND ($hi IS NULL OR m.step <= $hi)
+ORDER BY m.segment, m.rank, m.step
+"""
+
+_RUNS_SQL = f"""
+SELECT run, min(step) AS first_step, max(step) AS last_step, count(DISTINCT segment) AS num_segments,
+       count(DISTINCT rank) AS num_ranks, max(time) AS last_time, max(tokens) AS tokens, count(*) AS num_rows
+FROM {_READ} GROUP BY run ORDER BY run
+"""
+
+# Per bucket of x: first/last/min/max of the finite values, where min and max sit,
+# and how many values were not finite, so no spike and no NaN disappears.
+_DOWNSAMPLE_SQL = """
+WITH rows AS (SELECT segment, main, {x} AS x, {col} AS v FROM rows_tbl WHERE {col} IS NOT NULL AND {x} IS NOT NULL),
+b AS (
+  SELECT *, least(CAST(floor((x - $lo) * $num_buckets / greatest($hi - $lo, 1e-9)) AS BIGINT), $num_buckets - 1) AS bucket
+  FROM rows WHERE x >= $lo AND x <= $hi
+)
+SELECT segment, main, bucket,
+       min(x) AS x_first, max(x) AS x_last,
+       arg_min(v, x) FILTER (WHERE isfinite(v)) AS first, arg_max(v, x) FILTER (WHERE isfinite(v)) AS last,
+       min(v) FILTER (WHERE isfinite(v)) AS min, max(v) FILTER (WHERE isfinite(v)) AS max,
+       arg_min(x, v) FILTER (WHERE isfinite(v)) AS x_min, arg_max(x, v) FILTER (WHERE isfinite(v)) AS x_max,
+       count(*) FILTER (WHERE NOT isfinite(v)) AS num_nonfinite, count(*) AS num_rows
+FROM b GROUP BY segment, main, bucket ORDER BY segment, main, bucket
+"""
+
+
+class Store:
+    """Read-only view of one runwatch root."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+        if not self.root.is_dir():
+            raise ValueError(f"{self.root}: no such directory (expected a runwatch root)")
+        self._con = duckdb.connect(":memory:")
+
+    def close(self) -> None:
+        self._con.close()
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _query(self, sql: str, params: dict) -> pa.Table:
+        try:
+            return query_arrow(self._con.cursor(), sql, params)
+        except duckdb.Error as err:
+            raise StoreError(f"query over {self.root} failed: {err}") from err
+
+    def _files(self, run: str | None = None) -> list[str]:
+        return [str(p) for p in data_files(self.root, run, "metrics")]
+
+    def run_names(self) -> list[str]:
+        return list_runs(self.root)
+
+    def runs(self) -> pa.Table:
+        """One row per run: step range, segments, ranks, last time, tokens, rows, last file update."""
+        files = self._files()
+        if not files:
+            return pa.table({"run": pa.array([], pa.string())})
+        table = self._query(_RUNS_SQL, {"files": files})
+        updated = [self.last_update(r) for r in table["run"].to_pylist()]
+        return table.append_column("last_update", pa.array(updated, pa.float64()))
+
+    def last_update(self, run: str) -> float | None:
+        """Modification time of the run's newest file (a cheap liveness signal)."""
+        mtimes = [os.stat(p).st_mtime for p in self._files(run)]
+        return max(mtimes) if mtimes else None
+
+    def meta(self, run: str) -> dict:
+        return read_run_meta(self.root, run)
+
+    def has_run(self, run: str) -> bool:
+        return run_dir(self.root, run).is_dir() and bool(self._files(run))
+
+    def _run_files(self, run: str) -> list[str]:
+        files = self._files(run)
+        if not files:
+            raise ValueError(f"run {run!r} has no metrics under {self.root}")
+        return files
+
+    def segments(self, run: str) -> pa.Table:
+        """Each segment's step range, and the step from which a later resume abandoned it."""
+        return self._query(_SEGMENTS_SQL, {"files": self._run_files(run)})
+
+    def rows(self, run: str, rank: int | None = 0, lo: int | None = None, hi: int | None = None) -> pa.Table:
+        """All rows of a run (all segments), with ``segment``, ``rank`` and ``main``.
+
+        ``main`` is true where the row is on the main line: no later segment
+        resumed at or before its step. ``rank=None`` returns every rank.
+        """
+        params = {"files": self._run_files(run), "rank": rank, "lo": lo, "hi": hi}
+        return self._query(_ROWS_SQL, params)
+
+    def main_line(self, run: str, rank: int | None = 0) -> pa.Table:
+        rows = self.rows(run, rank)
+        return rows.filter(rows["main"])
+
+    def branches(self, run: str, rank: int | None = 0) -> pa.Table:
+        rows = self.rows(run, rank)
+        return rows.filter(pc.invert(rows["main"]))
+
+    def ranks(self, run: str) -> list[int]:
+        table = self._query(f"SELECT DISTINCT rank FROM {_READ} ORDER BY rank", {"files": self._run_files(run)})
+        return table["rank"].to_pylist()
+
+    def events(self, run: str) -> pa.Table:
+        """The run's events (segment, rank, event, step, time, payload as JSON text), by step."""
+        records = []
+        for path in data_files(self.root, run, "events"):
+            segment = int(path.parent.parent.name.split("=", 1)[1])
+            rank = int(path.parent.name.split("=", 1)[1])
+            for lineno, line in enumerate(path.read_text().splitlines(), 1):
+                if not line.strip():
+                    continue
+                try:
+                    ev = json.loads(line)
+                except json.JSONDecodeError as err:
+                    raise StoreError(f"{path}:{lineno}: not a JSON event ({err})") from err
+                records.append(
+                    {"segment": segment, "rank": rank, "event": ev["event"], "step": ev["step"],
+                     "time": ev.get("time") if isinstance(ev.get("time"), (int, float)) else None,
+                     "payload": json.dumps(ev.get("payload") or {})}
+                )
+        records.sort(key=lambda r: (r["step"], r["segment"]))
+        schema = pa.schema([pa.field("segment", pa.int32()), pa.field("rank", pa.int32()), *EVENTS_SCHEMA])
+        return pa.Table.from_pylist(records, schema=schema)
+
+    def columns(self, run: str) -> list[str]:
+        """Metric columns present in the run's files (record columns and extras)."""
+        table = self._query(f"DESCRIBE SELECT * FROM {_READ}", {"files": self._run_files(run)})
+        return [c for c in table["column_name"].to_pylist() if c not in ("run", "segment", "rank")]
+
+    def downsample(
+        self, run: str, column: str, *, x: str = "step", num_buckets: int = 2000,
+        lo: float | None = None, hi: float | None = None, rank: int | None = 0,
+    ) -> pa.Table:
+        """Per-bucket first/last/min/max of ``column`` over ``x`` in [lo, hi], per segment and branch.
+
+        A range holding fewer rows than buckets comes back at full resolution
+        (one row per bucket), so zooming in always reaches the raw values.
+        """
+        names = self.columns(run)
+        if column not in names or x not in names:
+            raise ValueError(f"run {run!r} has no column {column if column not in names else x!r}")
+        if num_buckets < 1:
+            raise ValueError("num_buckets must be >= 1")
+        rows_tbl = self.rows(run, rank).select(["segment", "main", x, column])  # noqa: F841 (read by DuckDB)
+        if lo is None or hi is None:
+            xs = rows_tbl[x]
+            lo = pc.min(xs).as_py() if lo is None else lo
+            hi = pc.max(xs).as_py() if hi is None else hi
+        if lo is None or hi is None:
+            return rows_tbl.slice(0, 0)
+        sql = _DOWNSAMPLE_SQL.format(x=quote_ident(x), col=quote_ident(column))
+        try:
+            con = self._con.cursor()
+            con.register("rows_tbl", rows_tbl)
+            return query_arrow(con, sql, {"lo": float(lo), "hi": float(hi), "num_buckets": int(num_buckets)})
+        except duckdb.Error as err:
+            raise StoreError(f"downsampling {column!r} of {run!r} failed: {err}") from err

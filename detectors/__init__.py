@@ -1,0 +1,1 @@
+"""runwatch.detectors: pure functions from a run's series to findings, segments and rollback advice."""
