@@ -91,6 +91,21 @@ SELECT segment, main, bucket,
 FROM b GROUP BY segment, main, bucket ORDER BY segment, main, bucket
 """
 
+# The columns a chart needs, with the main-line flag; ``step_time`` is derived from
+# the time between consecutive rows of a segment when the run does not store it.
+_CHART_ROWS_SQL = f"""
+WITH m AS (SELECT segment, step, time, __COLS__ FROM {_READ} WHERE ($rank IS NULL OR rank = $rank)),
+seg AS (SELECT segment, min(step) AS first_step FROM m GROUP BY segment),
+cut AS (
+  SELECT a.segment, (SELECT min(b.first_step) FROM seg b WHERE b.segment > a.segment) AS cut_step
+  FROM seg a
+)
+SELECT m.*, (cut.cut_step IS NULL OR m.step < cut.cut_step) AS main,
+       (m.time - lag(m.time) OVER w) / nullif(m.step - lag(m.step) OVER w, 0) AS derived_step_time
+FROM m JOIN cut USING (segment)
+WINDOW w AS (PARTITION BY m.segment ORDER BY m.step)
+"""
+
 
 class Store:
     """Read-only view of one runwatch root."""
@@ -228,3 +243,38 @@ class Store:
             return query_arrow(con, sql, {"lo": float(lo), "hi": float(hi), "num_buckets": int(num_buckets)})
         except duckdb.Error as err:
             raise StoreError(f"downsampling {column!r} of {run!r} failed: {err}") from err
+
+    def downsample_columns(
+        self, run: str, columns: list[str], *, x: str = "step", num_buckets: int = 2000,
+        lo: float | None = None, hi: float | None = None, rank: int | None = 0,
+    ) -> dict[str, pa.Table]:
+        """``downsample`` for several columns from one read of the run (the dashboard's run page).
+
+        Reads only the needed columns once. ``step_time`` is accepted even when
+        not stored: seconds per step from consecutive rows of each segment.
+        Columns the run lacks are left out of the result.
+        """
+        names = set(self.columns(run))
+        if x not in names:
+            raise ValueError(f"run {run!r} has no column {x!r}")
+        if num_buckets < 1:
+            raise ValueError("num_buckets must be >= 1")
+        wanted = [c for c in dict.fromkeys(columns) if c in names or c == "step_time"]
+        stored = [c for c in dict.fromkeys([x, *wanted]) if c in names and c not in ("step", "time")]
+        sql = _CHART_ROWS_SQL.replace("__COLS__", ", ".join(quote_ident(c) for c in stored) or "NULL AS _none")
+        rows_tbl = self._query(sql, {"files": self._run_files(run), "rank": rank})
+        if "step_time" not in names:
+            rows_tbl = rows_tbl.append_column("step_time", rows_tbl["derived_step_time"])
+        if lo is None or hi is None:
+            lo = pc.min(rows_tbl[x]).as_py() if lo is None else lo
+            hi = pc.max(rows_tbl[x]).as_py() if hi is None else hi
+        if lo is None or hi is None:
+            return {}
+        con = self._con.cursor()
+        try:
+            con.register("rows_tbl", rows_tbl)
+            return {c: query_arrow(con, _DOWNSAMPLE_SQL.format(x=quote_ident(x), col=quote_ident(c)),
+                                   {"lo": float(lo), "hi": float(hi), "num_buckets": int(num_buckets)})
+                    for c in wanted}
+        except duckdb.Error as err:
+            raise StoreError(f"downsampling {wanted} of {run!r} failed: {err}") from err
