@@ -55,17 +55,19 @@ def metrics_table(rows: Iterable[Mapping[str, object]]) -> pa.Table:
     """Build a metrics table from row dicts: record columns first, extras as float64.
 
     Missing record fields become null; keys not in the record become extra
-    float64 columns (bools as 0/1). Raises ``ValueError`` for a row without a
-    step or an extra whose name collides with the record.
+    float64 columns (bools as 0/1); ``segment`` and ``rank`` (where an importer
+    knows them) stay as int32 placement columns. Raises ``ValueError`` for a row
+    without a step or an extra whose name collides with the record.
     """
     rows = list(rows)
     columns: dict[str, list] = {name: [] for name in METRIC_COLUMNS}
     extras: dict[str, list] = {}
+    placement = {key: [row.get(key) for row in rows] for key in ("segment", "rank") if any(key in row for row in rows)}
     for i, row in enumerate(rows):
         if row.get("step") is None:
             raise ValueError(f"row {i}: 'step' is required")
         for key in row:
-            if key not in columns and key not in extras:
+            if key not in columns and key not in extras and key not in placement:
                 if not is_valid_extra_name(key):
                     raise ValueError(f"row {i}: {key!r} is not a valid extra scalar name")
                 extras[key] = [None] * i
@@ -79,6 +81,9 @@ def metrics_table(rows: Iterable[Mapping[str, object]]) -> pa.Table:
     for key, values in extras.items():
         arrays.append(pa.array(values, type=pa.float64()))
         fields.append(pa.field(key, pa.float64()))
+    for key, values in placement.items():
+        arrays.append(pa.array(values, type=pa.int32()))
+        fields.append(pa.field(key, pa.int32()))
     return pa.Table.from_arrays(arrays, schema=pa.schema(fields, metadata=METRICS_SCHEMA.metadata))
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from types import ModuleType
 
 from runwatch.collectors.importers.base import ImportResult, LogFormatError, ParsedLog, write_import
+from runwatch.data.storage import check_run_name
 
 # CLI name -> module under runwatch.collectors.importers. Order matters for
 # `auto`: the first format whose sniff() accepts the file's head wins.
@@ -38,6 +39,7 @@ def detect_format(path: str | Path) -> str:
 def import_logs(fmt: str, paths: list[str | Path], root: str | Path, run: str, *,
                 skip_bad_lines: bool = False, replace: bool = False) -> ImportResult:
     """Parse ``paths`` as ``fmt`` (or ``auto``) and land them as run ``run`` under ``root``."""
+    check_run_name(run)  # fail before parsing a large file
     if not paths:
         raise ValueError("no input files given")
     for p in paths:

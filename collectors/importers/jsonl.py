@@ -104,7 +104,10 @@ def parse(paths: Sequence[str | Path], *, skip_bad_lines: bool = False) -> Parse
                 if not line.strip():
                     continue
                 try:
-                    obj = json.loads(line)
+                    try:
+                        obj = json.loads(line)
+                    except json.JSONDecodeError as err:
+                        raise ValueError(f"expected one JSON object per line ({err.msg} at column {err.colno})") from err
                     if not isinstance(obj, dict):
                         raise ValueError("expected a JSON object")
                     if "event" in obj:

@@ -1,0 +1,49 @@
+"""The CLI: help everywhere, tables, and one-line errors (exit 2) instead of tracebacks."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+RUNWATCH = [sys.executable, "-m", "runwatch.app.cli"]
+
+
+def _run(*args: str, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run([*RUNWATCH, *args], capture_output=True, text=True, cwd=cwd, timeout=120)
+
+
+@pytest.mark.parametrize("command", ["import", "runs", "compact", "check", "dashboard", "demo"])
+def test_every_command_has_help(command):
+    out = _run(command, "--help")
+    assert out.returncode == 0 and "usage: runwatch" in out.stdout and "--root" in out.stdout
+
+
+def test_import_runs_and_compact_end_to_end(tmp_path):
+    log = tmp_path / "log.jsonl"
+    log.write_text("".join(json.dumps({"step": s, "loss": 3 - s / 10, "tokens": 512 * s}) + "\n" for s in range(20)))
+    root = tmp_path / "root"
+    out = _run("import", "jsonl", str(log), "--root", str(root), "--run", "tiny")
+    assert out.returncode == 0, out.stderr
+    assert "imported 20 rows" in out.stdout
+    table = _run("runs", "--root", str(root))
+    assert table.returncode == 0 and "tiny" in table.stdout and "9,728" in table.stdout
+    runs = json.loads(_run("runs", "--root", str(root), "--json").stdout)
+    assert runs[0]["run"] == "tiny" and runs[0]["last_step"] == 19
+    assert _run("compact", "--root", str(root)).returncode == 0
+
+
+@pytest.mark.parametrize("args, message", [
+    (["runs", "--root", "/definitely/not/here"], "no such directory"),
+    (["import", "jsonl", "/definitely/not/here.jsonl", "--root", "r", "--run", "x"], "no such file"),
+    (["import", "nosuchformat", __file__, "--root", "r", "--run", "x"], "unknown format"),
+    (["import", "jsonl", __file__, "--root", "r", "--run", "../escape"], "invalid run name"),
+    (["runs"], "the following arguments are required: --root"),
+])
+def test_bad_input_is_one_clear_line(tmp_path, args, message):
+    out = _run(*args, cwd=tmp_path)
+    assert out.returncode == 2
+    assert message in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "r").exists() or not any((tmp_path / "r").rglob("*.parquet"))
