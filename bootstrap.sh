@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Set up a fresh machine and run runwatch's main job or its tests.
+#   ./bootstrap.sh demo [ARGS]   install, record the demo runs, serve the dashboard
+#   ./bootstrap.sh test [ARGS]   install (Chromium too), run the test suite
+set -euo pipefail
+cd "$(dirname "$0")"
+mode=${1:-}
+case $mode in demo|test) shift ;; *) echo "usage: $0 demo|test [args]" >&2; exit 2 ;; esac
+
+[ -x .venv/bin/python ] || "${PYTHON:-python3}" -m venv .venv
+pip() { .venv/bin/python -m pip -q --disable-pip-version-check "$@"; }
+# torch: keep one that is already there; otherwise the pinned CPU build (on our
+# machines it lies on local disk; an unpinned request can pull a multi-GB CUDA build).
+.venv/bin/python -c "import torch" 2>/dev/null || pip install "torch==2.13.0"
+
+if [ "$mode" = demo ]; then
+  pip install -e ".[torch]"
+  exec .venv/bin/runwatch demo "$@"
+fi
+
+pip install -e ".[torch,test]"
+if ! command -v chromium >/dev/null; then
+  if [ "$(id -u)" = 0 ]; then
+    (apt-get update -q && apt-get install -y -q chromium) >/dev/null
+  else
+    echo "note: Debian's chromium is not installed; the browser test will be skipped (sudo apt-get install chromium)" >&2
+  fi
+fi
+exec .venv/bin/python -m pytest "$@"
