@@ -1,0 +1,345 @@
+"""``Monitor``: the zero-sync collector a PyTorch training loop calls once per step.
+
+Per step, tensor values (loss, grad norm, loss scale, found-inf, activation
+norm, tensor extras) are copied into a device buffer (``StepBuffer``) and
+host values (step, wall time, tokens, Python numbers) into host lists; no
+value leaves the device. Every ``flush_every_steps`` steps or
+``flush_every_seconds`` seconds one non-blocking copy moves the buffer to host
+memory and a background thread (``BackgroundWriter``) writes it as Parquet
+under ``ROOT/run=<id>/segment=<k>/rank=<r>/``. Nothing raised in here reaches
+the training loop: errors become one warning and a count (``num_errors``,
+``num_dropped_rows``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import math
+import os
+import socket
+import time
+import warnings
+import weakref
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from runwatch.collectors.buffer import StepBuffer
+from runwatch.collectors.signals import ScalerReader, fused_grad_norm, register_activation_hook
+from runwatch.collectors.writer import BackgroundWriter, EventsBatch, MetricsBatch, RunMetaUpdate
+from runwatch.data.record import METRIC_COLUMNS, is_valid_extra_name
+from runwatch.data.storage import check_run_name, run_dir
+
+_HOST_SCALARS = (bool, int, float, np.integer, np.floating)
+_USER_EVENT_KINDS = ("config", "note")
+_RECORD_FIELDS = frozenset(METRIC_COLUMNS) - {"step", "time"}
+
+
+@dataclass(kw_only=True, frozen=True)
+class MonitorConfig:
+    """How often ``Monitor`` flushes and how much it may hold."""
+
+    flush_every_steps: int = 50
+    """Flush the device buffer after this many steps (also its capacity in rows)."""
+    flush_every_seconds: float = 10.0
+    """Also flush when this much wall time passed since the last flush (checked at each step)."""
+    max_queue: int = 64
+    """Flushed batches waiting for the writer; beyond this the oldest is dropped and counted."""
+    compute_grad_norm: bool = True
+    """When ``step`` gets no ``grad_norm``, compute one with a fused foreach pass over the model's grads."""
+    pin_memory: bool = True
+    """Copy CUDA buffers into pinned host memory (needed for a truly non-blocking copy)."""
+    close_timeout_seconds: float = 60.0
+    """How long ``close`` waits for the writer to drain before giving up with a warning."""
+
+    def __post_init__(self) -> None:
+        if self.flush_every_steps < 1:
+            raise ValueError(f"flush_every_steps must be >= 1, got {self.flush_every_steps}")
+        if not self.flush_every_seconds > 0:
+            raise ValueError(f"flush_every_seconds must be > 0, got {self.flush_every_seconds}")
+        if self.max_queue < 1:
+            raise ValueError(f"max_queue must be >= 1, got {self.max_queue}")
+        if not self.close_timeout_seconds > 0:
+            raise ValueError(f"close_timeout_seconds must be > 0, got {self.close_timeout_seconds}")
+
+
+def detect_rank() -> tuple[int, int]:
+    """(rank, world size): from torch.distributed when initialised, else RANK/WORLD_SIZE, else (0, 1)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    try:
+        return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    except ValueError as err:
+        raise ValueError(f"RANK/WORLD_SIZE must be integers: {err}") from err
+
+
+def next_segment(root: str | Path, run: str, rank: int) -> int:
+    """The next free segment number of ``run`` for ``rank``: 0 for a new run."""
+    used = [
+        int(p.parent.name.split("=", 1)[1])
+        for p in run_dir(root, run).glob(f"segment=*/rank={rank}")
+        if p.parent.name.split("=", 1)[1].isdigit()
+    ]
+    return max(used) + 1 if used else 0
+
+
+def _path_bytes(path: Path) -> int | None:
+    if path.is_file():
+        return path.stat().st_size
+    if path.is_dir():  # sharded checkpoints are directories
+        return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+    return None
+
+
+class Monitor:
+    """Records one rank of a training run; see the module docstring.
+
+    Every (re)start is a new segment (the next free number for this run and
+    rank). With ``resume_step`` it also records a ``resume`` event: from which
+    checkpoint, the batches skipped and the config changes.
+    """
+
+    def __init__(
+        self,
+        root: str | Path,
+        run: str,
+        *,
+        model: nn.Module | None = None,
+        scaler: torch.amp.GradScaler | None = None,
+        activation_module: nn.Module | None = None,
+        config: MonitorConfig | None = None,
+        rank: int | None = None,
+        resume_step: int | None = None,
+        resume_checkpoint: str | Path | None = None,
+        skip_batches: tuple[int, int] | None = None,
+        config_changes: Mapping[str, Any] | None = None,
+        precision: str | None = None,
+        meta: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.root = Path(root)
+        self.run = check_run_name(run)
+        self.config = config or MonitorConfig()
+        if skip_batches is not None and len(skip_batches) != 2:
+            raise ValueError(f"skip_batches must be (first, last), got {skip_batches!r}")
+        detected_rank, self.world_size = detect_rank()
+        self.rank = detected_rank if rank is None else rank
+        self.segment = next_segment(self.root, self.run, self.rank)
+        self._params = list(model.parameters()) if model is not None else []
+        device = self._params[0].device if self._params else None
+        self._buffer = StepBuffer(device, self.config.flush_every_steps, pin_memory=self.config.pin_memory) if device else None
+        self._host_rows: list[dict[str, Any]] = []
+        self._scaler = ScalerReader(scaler) if scaler is not None else None
+        self._activation: torch.Tensor | None = None
+        self._hook = None
+        self._num_errors = 0
+        self._num_dropped_rows = 0
+        self._warned = False
+        self._closed = False
+        self._last_flush = time.monotonic()
+        self._writer = BackgroundWriter(self.root, max_queue=self.config.max_queue)
+        if activation_module is not None:
+            self._hook = register_activation_hook(activation_module, self._on_activation, self._hook_error)
+        if self.rank == 0:
+            self._writer.submit(RunMetaUpdate(self.run, self._run_meta(model, scaler, precision, meta)))
+        if resume_step is not None:
+            self._submit_events([{
+                "event": "resume", "step": int(resume_step), "time": time.time(), "segment": self.segment,
+                "checkpoint": None if resume_checkpoint is None else str(resume_checkpoint),
+                "skip_batches": None if skip_batches is None else [int(b) for b in skip_batches],
+                "config_changes": dict(config_changes or {}),
+            }])
+        # A loop that forgets close() still gets its last rows written at interpreter exit.
+        self._atexit = _close_at_exit(self)
+        atexit.register(self._atexit)
+
+    # -- counters -------------------------------------------------------------------
+
+    @property
+    def num_errors(self) -> int:
+        """Errors so far: bad values, failed writes, dropped batches (the writer's and ours)."""
+        return self._num_errors + self._writer.num_errors
+
+    @property
+    def num_dropped_rows(self) -> int:
+        """Rows that will never reach the store (failed or dropped writes, rejected steps)."""
+        return self._num_dropped_rows + self._writer.num_dropped_rows
+
+    @property
+    def num_written_rows(self) -> int:
+        return self._writer.num_written_rows
+
+    def _fail(self, what: str, err: BaseException, num_rows: int = 0) -> None:
+        self._num_errors += 1
+        self._num_dropped_rows += num_rows
+        if not self._warned:
+            self._warned = True
+            warnings.warn(
+                f"runwatch: {what} failed: {type(err).__name__}: {err} (training continues; further errors are only "
+                "counted in Monitor.num_errors)", RuntimeWarning, stacklevel=3,
+            )
+
+    def _hook_error(self, err: Exception) -> None:
+        self._fail("activation hook", err)
+
+    def _on_activation(self, rms: torch.Tensor) -> None:
+        """Called by the forward hook with the final layer's activation RMS (a device tensor)."""
+        self._activation = rms
+
+    # -- the hot path -----------------------------------------------------------------
+
+    def step(self, step: int, *, loss: Any = None, grad_norm: Any = None, lr: Any = None,
+             tokens: Any = None, samples: Any = None, **extra: Any) -> None:
+        """Record one optimizer step. Tensors stay on the device; no host-device sync.
+
+        Values may be 0-dim tensors or Python numbers; ``step`` must be a
+        Python int. ``extra`` holds any further named scalars. NaN and Inf are
+        recorded as they are. Never raises.
+        """
+        if self._closed:
+            self._fail("Monitor.step after close()", RuntimeError("the monitor is closed"), 1)
+            return
+        try:
+            self._record(step, dict(loss=loss, grad_norm=grad_norm, lr=lr, tokens=tokens, samples=samples, **extra))
+            if len(self._host_rows) >= self.config.flush_every_steps or (
+                time.monotonic() - self._last_flush >= self.config.flush_every_seconds
+            ):
+                self.flush()
+        except Exception as err:
+            self._fail("Monitor.step", err, 1)
+
+    def _record(self, step: int, fields: dict[str, Any]) -> None:
+        if isinstance(step, torch.Tensor) or not isinstance(step, (int, np.integer)):
+            raise TypeError(f"step must be a Python int, got {type(step).__name__}")  # int(tensor) would sync
+        host: dict[str, Any] = {"step": int(step), "time": time.time()}
+        device: dict[str, torch.Tensor] = {}
+        if fields["grad_norm"] is None and self.config.compute_grad_norm and self._params:
+            fields["grad_norm"] = fused_grad_norm(self._params)
+        if self._activation is not None:
+            fields.setdefault("act_norm", self._activation)
+            self._activation = None
+        if self._scaler is not None:
+            fields["loss_scale"], fields["found_inf"] = self._scaler.read()
+        for name, value in fields.items():
+            if value is None:
+                continue
+            if name not in _RECORD_FIELDS and not is_valid_extra_name(name):
+                self._fail("Monitor.step", ValueError(f"{name!r} is not a valid extra scalar name"))
+            elif isinstance(value, torch.Tensor):
+                if value.numel() != 1:
+                    self._fail("Monitor.step", ValueError(f"{name}: expected a 1-element tensor, got shape "
+                                                          f"{tuple(value.shape)}"))
+                else:
+                    device[name] = value
+            elif isinstance(value, _HOST_SCALARS):
+                host[name] = value
+            else:
+                self._fail("Monitor.step", TypeError(f"{name}: expected a number or a tensor, got "
+                                                     f"{type(value).__name__}"))
+        if device:
+            if self._buffer is None:
+                self._buffer = StepBuffer(next(iter(device.values())).device, self.config.flush_every_steps,
+                                          pin_memory=self.config.pin_memory)
+            # Rows of host values and buffer rows stay aligned: every step takes a buffer row.
+            self._pad_buffer()
+            self._buffer.put(device)
+        elif self._buffer is not None:
+            self._buffer.put({})
+        self._host_rows.append(host)
+
+    def _pad_buffer(self) -> None:
+        # A buffer created mid-flush must first get an empty row per earlier host row.
+        while self._buffer.num_rows < len(self._host_rows):
+            self._buffer.put({})
+
+    def flush(self) -> None:
+        """Hand the buffered steps to the writer: one non-blocking device-to-host copy. Never raises."""
+        rows, self._host_rows = self._host_rows, []
+        self._last_flush = time.monotonic()
+        if not rows:
+            return
+        try:
+            names, values, present, ready = self._buffer.drain() if self._buffer is not None else ([], None, None, None)
+            self._writer.submit(MetricsBatch(self.run, self.segment, self.rank, rows, names, values, present, ready))
+            if not self._writer.alive:
+                raise RuntimeError("the writer thread is not running")
+        except Exception as err:
+            self._fail("flushing to the writer", err, len(rows))
+
+    # -- events -----------------------------------------------------------------------
+
+    def checkpoint(self, step: int, path: str | Path, *, bytes: int | None = None,
+                   write_seconds: float | None = None, **payload: Any) -> None:
+        """Called after a checkpoint save completed. ``bytes=None`` stats ``path`` when it exists. Never raises."""
+        try:
+            size = bytes if bytes is not None else _path_bytes(Path(path))
+            self._submit_events([{"event": "checkpoint", "step": int(step), "time": time.time(), "path": str(path),
+                                  "bytes": size, "write_seconds": write_seconds, **payload}])
+        except Exception as err:
+            self._fail("Monitor.checkpoint", err)
+
+    def event(self, kind: str, step: int, **payload: Any) -> None:
+        """Record a ``config`` change (lr, clip, precision) or a ``note``. Never raises."""
+        try:
+            if kind not in _USER_EVENT_KINDS:
+                raise ValueError(f"event kind must be one of {', '.join(_USER_EVENT_KINDS)}, got {kind!r}")
+            self._submit_events([{"event": kind, "step": int(step), "time": time.time(), **payload}])
+        except Exception as err:
+            self._fail("Monitor.event", err)
+
+    def _submit_events(self, events: list[dict[str, Any]]) -> None:
+        # Flush first so that on disk the rows up to an event are never newer than the event.
+        self.flush()
+        self._writer.submit(EventsBatch(self.run, self.segment, self.rank, events))
+
+    def _run_meta(self, model: nn.Module | None, scaler: torch.amp.GradScaler | None,
+                  precision: str | None, meta: Mapping[str, Any] | None) -> dict[str, Any]:
+        dtype = str(self._params[0].dtype).removeprefix("torch.") if self._params else None
+        scaled = scaler is not None and scaler.is_enabled()
+        return {
+            "precision": precision or (f"{dtype}+GradScaler" if scaled else dtype),
+            "world_size": self.world_size,
+            "monitor": dataclasses.asdict(self.config),
+            "model": type(model).__name__ if model is not None else None,
+            "num_parameters": sum(p.numel() for p in self._params) if self._params else None,
+            "host": socket.gethostname(),
+            "torch_version": torch.__version__,
+            **dict(meta or {}),
+        }
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Flush, drain the writer and join it; idempotent. Never raises."""
+        if self._closed:
+            return
+        self.flush()
+        self._closed = True
+        if self._hook is not None:
+            self._hook.remove()
+        atexit.unregister(self._atexit)
+        if not self._writer.close(self.config.close_timeout_seconds):
+            self._fail("closing the writer", TimeoutError(
+                f"not drained after {self.config.close_timeout_seconds} s; unwritten rows are lost"))
+
+    def __enter__(self) -> "Monitor":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _close_at_exit(monitor: Monitor) -> Any:
+    ref = weakref.ref(monitor)
+
+    def close() -> None:
+        mon = ref()
+        if mon is not None:
+            mon.close()
+
+    return close
