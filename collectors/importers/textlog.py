@@ -1,0 +1,211 @@
+"""Vectorised helpers the text-log importers share.
+
+A training stdout can hold millions of lines, most of them noise. Instead of a
+Python regex per line, a file becomes one Arrow string array (split on newline
+bytes with numpy, no copy per line) and RE2 kernels from ``pyarrow.compute``
+pick the metric lines and their fields; Python touches only the few odd lines.
+Line numbers are array indices + 1.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from runwatch.collectors.importers.base import LogFormatError, ParsedLog
+from runwatch.data.record import METRIC_COLUMNS, conform_metrics, metrics_table
+
+# A number as training logs print it, including NaN/Inf spellings (Arrow's cast accepts these).
+NUMBER_RE = r"[+-]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|[nN]a[nN]|[iI]nf(?:inity)?)"
+_NUMBER_FULL = f"^{NUMBER_RE}$"
+# A wall-clock gap this long between two logged steps means the job stopped and was restarted.
+LONG_GAP_S = 3600.0
+
+
+def read_lines(path: str | Path) -> pa.Array:
+    """The lines of ``path`` as a string array, without newlines (``\\r`` kept; patterns allow it)."""
+    data = Path(path).read_bytes()
+    buf = np.frombuffer(data, dtype=np.uint8)
+    ends = np.flatnonzero(buf == 10)
+    starts = np.concatenate(([0], ends + 1))
+    stops = np.concatenate((ends, [len(data)]))
+    if len(data) and data.endswith(b"\n"):
+        starts, stops = starts[:-1], stops[:-1]
+    if not len(data):
+        return pa.array([], pa.string())
+    # Drop each newline by copying the bytes once without them; offsets follow.
+    keep = np.ones(len(buf), dtype=bool)
+    keep[ends] = False
+    body = buf[keep]
+    lengths = stops - starts
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    large = offsets[-1] >= 2**31 - 1
+    arr = pa.Array.from_buffers(pa.large_string() if large else pa.string(), len(lengths),
+                                [None, pa.py_buffer(offsets if large else offsets.astype(np.int32)),
+                                 pa.py_buffer(body)])
+    try:
+        arr.validate(full=True)
+    except pa.ArrowInvalid:
+        # Invalid UTF-8 somewhere: decode leniently so noise never stops an import.
+        text = data.decode("utf-8", errors="replace")
+        lines = text.split("\n")
+        if text.endswith("\n"):
+            lines.pop()
+        arr = pa.array(lines, pa.string())
+    return arr
+
+
+def empty_to_null(values: pa.Array) -> pa.Array:
+    """An optional regex group that did not take part comes back as ``""``: make it null."""
+    return pc.if_else(pc.equal(values, ""), pa.scalar(None, values.type), values)
+
+
+def to_float(values: pa.Array, line_numbers: np.ndarray, path: str | Path, name: str) -> pa.Array:
+    """Cast number strings to float64 (empty -> null); the first unparsable one raises naming its line."""
+    values = empty_to_null(pc.utf8_trim_whitespace(values))
+    try:
+        return pc.cast(values, pa.float64())
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        ok = pc.fill_null(pc.match_substring_regex(values, _NUMBER_FULL), True).to_numpy(zero_copy_only=False)
+        bad = int(np.flatnonzero(~ok)[0]) if (~ok).any() else 0
+        raise LogFormatError(path, int(line_numbers[bad]),
+                             f"expected a number for {name!r}, got {values[bad].as_py()!r}") from None
+
+
+def to_int(values: pa.Array, line_numbers: np.ndarray, path: str | Path, name: str) -> pa.Array:
+    """Cast integer strings (``12``, ``12.0``) to int64; a fraction or junk raises naming its line."""
+    floats = to_float(values, line_numbers, path, name)
+    arr = floats.to_numpy(zero_copy_only=False)
+    bad = ~np.isnan(arr) & ((arr != np.floor(arr)) | ~np.isfinite(arr) | (np.abs(arr) > 2**62))
+    bad |= np.isnan(arr) & ~pc.is_null(floats).to_numpy(zero_copy_only=False)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise LogFormatError(path, int(line_numbers[i]), f"expected an integer for {name!r}, got {values[i].as_py()!r}")
+    return pc.cast(floats, pa.int64())
+
+
+def sanitize_name(name: str, prefix: str = "") -> str:
+    """An extra column name in ``[a-z0-9_]`` (``num-zeros`` -> ``num_zeros``)."""
+    clean = re.sub(r"[^a-z0-9]+", "_", name.strip().lower()).strip("_") or "value"
+    clean = prefix + clean
+    return clean if clean not in METRIC_COLUMNS and clean not in ("segment", "rank", "run", "event", "payload") \
+        else f"{clean}_extra"
+
+
+def bad_line(path: str | Path, line: int, expected: str, skip: bool) -> int:
+    """Raise for a malformed line, or count it when skipping bad lines."""
+    if not skip:
+        raise LogFormatError(path, line, expected)
+    return 1
+
+
+def first_bad(mask: np.ndarray) -> int | None:
+    idx = np.flatnonzero(mask)
+    return int(idx[0]) if len(idx) else None
+
+
+def merge_same_step(parsed: ParsedLog) -> ParsedLog:
+    """Fold a row into the previous one when both have the same step and no column in common.
+
+    Logs print validation and training values at one step on separate lines; as
+    separate rows the repeated step would read as a restart. Rows that clash (a
+    real rerun of a step) stay apart and start a new segment.
+    """
+    table = parsed.metrics
+    n = table.num_rows
+    if n < 2:
+        return parsed
+    steps = table["step"].to_numpy(zero_copy_only=False)
+    cand = np.flatnonzero(steps[1:] == steps[:-1]) + 1
+    cand = np.array([c for c in cand if c not in parsed.breaks], dtype=np.int64)
+    if not len(cand):
+        return parsed
+    cols = [c for c in table.column_names if c not in ("step", "segment", "rank")]
+    valid = {c: pc.is_valid(table[c]).to_numpy(zero_copy_only=False) for c in cols}
+    same_place = np.ones(len(cand), dtype=bool)
+    for c in ("segment", "rank"):
+        if c in table.column_names:
+            arr = table[c].to_numpy(zero_copy_only=False)
+            same_place &= arr[cand] == arr[cand - 1]
+    # Targets: walk back through chains of merged rows to the row that stays.
+    target = np.arange(n)
+    merged = np.zeros(n, dtype=bool)
+    for c in cand[same_place]:
+        t = target[c - 1]
+        if not any(valid[col][c] and valid[col][t] for col in cols):
+            target[c] = t
+            merged[c] = True
+            for col in cols:
+                valid[col][t] |= valid[col][c]
+    if not merged.any():
+        return parsed
+    keep = ~merged
+    out = {}
+    for name in table.column_names:
+        col = table[name].combine_chunks() if isinstance(table[name], pa.ChunkedArray) else table[name]
+        if name in cols:
+            idx = np.arange(n)
+            orig_valid = pc.is_valid(col).to_numpy(zero_copy_only=False)
+            src = np.flatnonzero(merged & orig_valid)
+            idx[target[src]] = src
+            col = col.take(pa.array(idx))
+        out[name] = col.filter(pa.array(keep))
+    new_index = np.concatenate(([0], np.cumsum(keep)))
+    events = [{**ev, "row_index": int(new_index[min(int(ev.get("row_index", n)), n)])} for ev in parsed.events]
+    breaks = {int(new_index[b]) for b in parsed.breaks if b <= n}
+    return ParsedLog(pa.table(out), events, parsed.num_skipped, breaks)
+
+
+def time_gap_breaks(times: np.ndarray, min_gap: float = LONG_GAP_S) -> set[int]:
+    """Row indices after a wall-clock gap longer than ``min_gap`` seconds."""
+    t = np.asarray(times, dtype=np.float64)
+    if len(t) < 2:
+        return set()
+    dt = t[1:] - t[:-1]
+    with np.errstate(invalid="ignore"):
+        return {int(i) + 1 for i in np.flatnonzero(dt > min_gap)}
+
+
+def concat_parsed(parts: Sequence[ParsedLog], break_between: bool = True) -> ParsedLog:
+    """One ParsedLog from per-file parts in order; each new file may start a new segment."""
+    parts = [p for p in parts]
+    if len(parts) == 1:
+        return parts[0]
+    tables = [p.metrics for p in parts if p.metrics.num_rows]
+    table = pa.concat_tables(tables, promote_options="permissive") if tables else metrics_table([])
+    events, breaks, offset, skipped = [], set(), 0, 0
+    for p in parts:
+        if break_between and offset:
+            breaks.add(offset)
+        breaks |= {b + offset for b in p.breaks}
+        events += [{**ev, "row_index": int(ev.get("row_index", p.metrics.num_rows)) + offset} for ev in p.events]
+        offset += p.metrics.num_rows
+        skipped += p.num_skipped
+    return ParsedLog(table, events, skipped, breaks)
+
+
+def parse_each(paths: Sequence[str | Path], parse_one: Callable[[Path, bool], ParsedLog],
+               skip_bad_lines: bool, break_between: bool = True) -> ParsedLog:
+    """Parse every file with ``parse_one`` and join the parts (a new process per file)."""
+    if not paths:
+        raise ValueError("no input files given")
+    parts = [parse_one(Path(p), skip_bad_lines) for p in paths]
+    return concat_parsed(parts, break_between)
+
+
+def build_table(columns: dict[str, pa.Array]) -> pa.Table:
+    """A metrics table in the record's schema from named arrays (``step`` required; ``rank`` kept)."""
+    columns = dict(columns)
+    rank = columns.pop("rank", None)
+    table = conform_metrics(pa.table(columns))
+    return table.append_column("rank", pc.cast(rank, pa.int32())) if rank is not None else table
+
+
+def head_lines(head: str, limit: int = 4000) -> list[str]:
+    return head.splitlines()[:limit]
