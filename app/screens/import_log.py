@@ -1,0 +1,73 @@
+"""Import page: load an archived training log into the root, with the importers that exist.
+
+A path must resolve to a file under the root (the dashboard reads nothing
+outside it); an upload is written to a temporary file first. Errors from the
+parser name the file and line and are shown as they are.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import streamlit as st
+
+from runwatch.app import state
+from runwatch.app.views import resolve_under_root
+from runwatch.collectors.importers import FORMATS, import_logs
+
+
+def _run_import(root_dir: str, fmt: str, path: Path, run: str, skip_bad: bool, replace: bool) -> None:
+    try:
+        result = import_logs(fmt, [path], root_dir, run, skip_bad_lines=skip_bad, replace=replace)
+    except (ValueError, OSError, RuntimeError) as err:
+        st.error(f"Import failed, nothing was written: {err}")
+        return
+    st.success(f"Imported {result.num_rows:,} rows and {result.num_events} events into run "
+               f"`{result.run}` ({result.num_segments} segment(s); skipped {result.num_skipped} bad line(s)).")
+    st.page_link("screens/run.py", label=f"Open {result.run}", query_params={"run": result.run})
+
+
+def import_page(root_dir: str) -> None:
+    fmt = st.selectbox("format", ["auto", *FORMATS], key="import_format")
+    source = st.radio("source", ["path under the root", "upload"], horizontal=True, key="import_source")
+    if source == "upload":
+        upload = st.file_uploader("log file", key="import_upload")
+        given = None
+    else:
+        given = st.text_input("path (relative to the root, or absolute inside it)", key="import_path")
+        upload = None
+    run = st.text_input("run name", key="import_run")
+    skip_bad = st.checkbox("skip bad lines (and report how many)", key="import_skip_bad")
+    replace = st.checkbox("replace the run if it exists", key="import_replace")
+    if not st.button("import", key="import_button", type="primary"):
+        return
+    if not run:
+        st.error("Give the run a name.")
+        return
+    try:
+        if upload is not None:
+            suffix = Path(upload.name).suffix[:16]
+            with tempfile.NamedTemporaryFile(suffix=suffix, delete=False) as tmp:
+                tmp.write(upload.getvalue())
+            path = Path(tmp.name)
+        elif given:
+            path = resolve_under_root(root_dir, given)
+        else:
+            st.error("Give a path or upload a file.")
+            return
+    except ValueError as err:
+        st.error(str(err))
+        return
+    try:
+        _run_import(root_dir, fmt, path, run, skip_bad, replace)
+    finally:
+        if upload is not None:
+            path.unlink(missing_ok=True)
+
+
+st.title("runwatch · import an archived log")
+try:
+    import_page(str(state.root()))
+except ValueError as err:
+    st.error(str(err))

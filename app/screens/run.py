@@ -1,0 +1,140 @@
+"""Run page: one run in depth — health, the rollback card, stacked charts, findings.
+
+Charts come from DuckDB-downsampled buckets (first/min/max/last), so spikes
+stay visible; the zoom inputs (or a box selection on the chart) re-query just
+that range, at full resolution once it holds fewer rows than buckets.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pandas as pd
+import streamlit as st
+
+from runwatch.app import figures, state, views
+
+
+def _pick_run(root_dir: str) -> str | None:
+    run = state.selected_run(root_dir)
+    if run is not None:
+        return run
+    names = [r["run"] for r in state.load_runs(root_dir, state.signature(root_dir))]
+    if not names:
+        st.info(f"No runs under `{root_dir}` yet.")
+        return None
+    choice = st.selectbox("run", names, key="run_select")
+    st.query_params["run"] = choice
+    return choice
+
+
+def _apply_box_selection() -> None:
+    """A box drawn on the chart (box-select tool) becomes the zoom range before the inputs render."""
+    chart = st.session_state.get("run_chart")
+    boxes = (chart or {}).get("selection", {}).get("box", []) if isinstance(chart, dict) else []
+    if not boxes or "x" not in boxes[0]:
+        return
+    x0, x1 = sorted(float(v) for v in boxes[0]["x"][:2])
+    if st.session_state.get("_applied_box") != (x0, x1):
+        st.session_state["_applied_box"] = (x0, x1)
+        st.session_state["zoom_lo"], st.session_state["zoom_hi"] = x0, x1
+
+
+def _header(run: str, report: object | None, error: str | None, runs: list[dict]) -> None:
+    info = next((r for r in runs if r["run"] == run), {})
+    health = report.health if report is not None else "error"
+    st.markdown(f"## {views.health_label(health)} &nbsp; `{run}`")
+    cols = st.columns(4)
+    cols[0].metric("last step", f"{info.get('last_step', 0):,}")
+    last = info.get("last_update")
+    cols[1].metric("last update", views.ago(None if last is None else time.time() - last))
+    cols[2].metric("tokens", views.human_count(info.get("tokens")))
+    cols[3].metric("open findings", len(views.open_findings(report)) if report is not None else "-")
+    if error:
+        st.error(f"Could not analyse this run: {error}")
+
+
+def _rollback_card(run: str, report: object, meta: dict) -> None:
+    rollback = getattr(report, "rollback", None)
+    if rollback is None:
+        return
+    with st.container(border=True, key="rollback_card"):
+        st.markdown("#### ⏪ Rollback advice")
+        left, right = st.columns([1, 1])
+        with left:
+            for line in views.rollback_lines(rollback):
+                st.markdown(line)
+        with right:
+            st.caption("Resume recipe (copy button at the top right)")
+            st.code(views.resume_command(run, rollback, meta), language="bash")
+        evidence = views.evidence_rows(getattr(rollback, "evidence", {}))
+        if evidence:
+            with st.expander("evidence"):
+                st.dataframe(pd.DataFrame(evidence), hide_index=True)
+
+
+def _controls(has_tokens: bool) -> tuple[str, float | None, float | None]:
+    left, mid, right, reset = st.columns([2, 2, 2, 1], vertical_alignment="bottom")
+    x = left.radio("x axis", ["step", "tokens"] if has_tokens else ["step"], horizontal=True, key="x_axis")
+    if st.session_state.get("_zoom_axis") != x:  # units changed: the old range means nothing now
+        st.session_state["_zoom_axis"] = x
+        st.session_state["zoom_lo"] = st.session_state["zoom_hi"] = None
+    lo = mid.number_input(f"zoom from ({x})", value=None, key="zoom_lo", placeholder="start")
+    hi = right.number_input(f"zoom to ({x})", value=None, key="zoom_hi", placeholder="end")
+    if reset.button("full range", key="zoom_reset"):
+        st.session_state["_applied_box"] = None
+        st.session_state.pop("zoom_lo"), st.session_state.pop("zoom_hi")
+        st.rerun(scope="fragment")
+    if lo is not None and hi is not None and hi <= lo:
+        st.warning("zoom: 'to' must be after 'from'; showing the full range")
+        return x, None, None
+    return x, lo, hi
+
+
+def _charts(root_dir: str, run: str, report: object | None, sig: tuple[float, int]) -> None:
+    segments = state.load_segments(root_dir, run, sig)
+    has_tokens = "tokens" in state.get_store(root_dir).columns(run)
+    _apply_box_selection()
+    x, lo, hi = _controls(has_tokens)
+    wanted = state.CHART_COLUMNS + (("step",) if x == "tokens" else ())
+    series = state.load_series(root_dir, run, sig, wanted, x, lo, hi)
+    to_x = None
+    if x == "tokens" and "step" in series:
+        main = series["step"].filter(series["step"]["main"])
+        to_x = figures.step_mapper(main["first"].to_numpy(), main["x_first"].to_numpy())
+    events = state.load_events(root_dir, run, sig)
+    findings = list(getattr(report, "findings", []) or [])
+    last_step = max((s["last_step"] for s in segments), default=0)
+    fig = figures.run_figure(
+        series, x_title=x, bands=views.finding_bands(findings, last_step, to_x),
+        checkpoints=views.event_marks(events, "checkpoint", to_x), resumes=views.event_marks(events, "resume", to_x),
+        abandoned_from={s["segment"]: s["abandoned_from"] for s in segments if s["abandoned_from"] is not None},
+        x_range=(lo, hi) if lo is not None and hi is not None else None,
+    )
+    fig.update_layout(uirevision=f"{run}:{x}:{lo}:{hi}")  # keep the user's client-side zoom across live ticks
+    st.plotly_chart(fig, key="run_chart", on_select="rerun", selection_mode="box",
+                    config={"displaylogo": False, "modeBarButtonsToRemove": ["lasso2d"]})
+
+
+@st.fragment(run_every=state.LIVE_SECONDS)
+def run_page(root_dir: str) -> None:
+    run = _pick_run(root_dir)
+    if run is None:
+        return
+    sig = state.signature(root_dir, run)
+    report, error = state.report_or_error(root_dir, run)
+    _header(run, report, error, state.load_runs(root_dir, state.signature(root_dir)))
+    if report is not None:
+        _rollback_card(run, report, state.get_store(root_dir).meta(run))
+    _charts(root_dir, run, report, sig)
+    if report is not None and report.findings:
+        st.markdown("#### Findings")
+        st.dataframe(pd.DataFrame(views.findings_rows(report.findings)), hide_index=True, key="findings_table")
+    with st.expander("segments"):
+        st.dataframe(pd.DataFrame(state.load_segments(root_dir, run, sig)), hide_index=True)
+
+
+try:
+    run_page(str(state.root()))
+except ValueError as err:
+    st.error(str(err))

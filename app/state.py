@@ -1,0 +1,115 @@
+"""The dashboard's bridge to the store and the detectors: the root, cached queries, live ticks.
+
+Every page goes through here. The store is one ``st.cache_resource``; query
+results are ``st.cache_data`` keyed on a cheap signature of the run's files
+(newest mtime and file count), so a new flush or a compaction invalidates
+exactly what changed and an idle dashboard costs a directory listing per tick.
+UI strings never reach SQL: run names pass ``check_run_name`` and the store
+binds every value.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import streamlit as st
+
+from runwatch.data.storage import check_run_name, data_files
+from runwatch.data.store import Store
+
+ROOT_ENV = "RUNWATCH_ROOT"
+LIVE_SECONDS = 5.0  # how often an open page polls for new flushes
+STALL_TICK_SECONDS = 15  # how often an unchanged run is re-judged (so "stalled" appears by itself)
+CHART_COLUMNS = ("loss", "grad_norm", "loss_scale", "act_norm", "step_time")
+NUM_BUCKETS = 2000
+
+
+def root() -> Path:
+    """The root this dashboard serves: ``$RUNWATCH_ROOT`` or ``--root`` after ``--`` on the command line."""
+    value = os.environ.get(ROOT_ENV)
+    argv = sys.argv[1:]
+    if "--root" in argv and argv.index("--root") + 1 < len(argv):
+        value = argv[argv.index("--root") + 1]
+    if not value:
+        raise ValueError(f"no runwatch root: set {ROOT_ENV} or start with `runwatch dashboard --root ROOT`")
+    path = Path(value).resolve()
+    if not path.is_dir():
+        raise ValueError(f"{path}: no such directory (expected a runwatch root)")
+    return path
+
+
+@st.cache_resource
+def get_store(root_dir: str) -> Store:
+    return Store(root_dir)
+
+
+def signature(root_dir: str, run: str | None = None) -> tuple[float, int]:
+    """Newest mtime and number of committed files: changes on every flush, import or compaction."""
+    files = data_files(root_dir, run, "metrics") + data_files(root_dir, run, "events")
+    mtimes = [f.stat().st_mtime for f in files if f.exists()]
+    return (max(mtimes) if mtimes else 0.0, len(mtimes))
+
+
+@st.cache_data(max_entries=32, show_spinner=False)
+def load_runs(root_dir: str, sig: tuple[float, int]) -> list[dict]:
+    return get_store(root_dir).runs().to_pylist()
+
+
+@st.cache_data(max_entries=64, show_spinner=False)
+def load_events(root_dir: str, run: str, sig: tuple[float, int]) -> pa.Table:
+    return get_store(root_dir).events(run)
+
+
+@st.cache_data(max_entries=64, show_spinner=False)
+def load_segments(root_dir: str, run: str, sig: tuple[float, int]) -> list[dict]:
+    return get_store(root_dir).segments(run).to_pylist()
+
+
+@st.cache_data(max_entries=32, show_spinner=False)
+def load_report(root_dir: str, run: str, sig: tuple[float, int], tick: int) -> object:
+    """The detectors' report, judged as of now; ``tick`` re-judges an idle run so it can turn stalled."""
+    from runwatch.detectors.analysis import analyze
+
+    store = get_store(root_dir)
+    return analyze(store.rows(run, rank=0), store.events(run), now=time.time())
+
+
+@st.cache_data(max_entries=128, show_spinner=False)
+def load_series(root_dir: str, run: str, sig: tuple[float, int], columns: tuple[str, ...], x: str,
+                lo: float | None, hi: float | None) -> dict[str, pa.Table]:
+    """Per-bucket first/min/max/last of each chart column over [lo, hi] (full range when None)."""
+    return get_store(root_dir).downsample_columns(run, list(columns), x=x, lo=lo, hi=hi, num_buckets=NUM_BUCKETS)
+
+
+def stall_tick() -> int:
+    return int(time.time() // STALL_TICK_SECONDS)
+
+
+def report_or_error(root_dir: str, run: str) -> tuple[object | None, str | None]:
+    """The report, or the one-line reason it could not be made (shown on the page, never swallowed)."""
+    try:
+        return load_report(root_dir, run, signature(root_dir, run), stall_tick()), None
+    except ImportError as err:
+        return None, f"detectors unavailable: {err}"
+    except (ValueError, RuntimeError, OSError) as err:
+        return None, f"{type(err).__name__}: {err}"
+
+
+def selected_run(root_dir: str) -> str | None:
+    """The run named in the URL (``?run=``), validated: a safe name that exists under the root."""
+    name = st.query_params.get("run")
+    if not name:
+        return None
+    try:
+        check_run_name(name)
+    except ValueError as err:
+        st.error(str(err))
+        return None
+    if not get_store(root_dir).has_run(name):
+        st.warning(f"no run named {name!r} under {root_dir}")
+        return None
+    return name

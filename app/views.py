@@ -1,0 +1,200 @@
+"""Pure view helpers for the dashboard: tables, cards and commands from analysis results.
+
+No Streamlit here: the pages call these and render what they return, so the
+wording the on-call engineer reads is unit-tested directly. Findings and
+rollback advice are duck-typed against ``runwatch.detectors`` (frozen
+dataclasses with the documented fields).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pyarrow as pa
+
+HEALTH_ORDER = {"action needed": 0, "stalled": 1, "error": 2, "watching": 3, "healthy": 4}
+HEALTH_ICONS = {"action needed": "🔴", "stalled": "🟠", "error": "⚠️", "watching": "🟡", "healthy": "🟢"}
+SEVERITY_ICONS = {"critical": "🔴", "warning": "🟠", "info": "🔵"}
+
+
+def health_label(health: str) -> str:
+    """``"🔴 action needed"``: the colour carries the message before the words are read."""
+    return f"{HEALTH_ICONS.get(health, '❔')} {health}"
+
+
+def ago(seconds: float | None) -> str:
+    if seconds is None:
+        return "never"
+    seconds = max(0.0, seconds)
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f} {unit} ago"
+    return f"{seconds:.0f} s ago"
+
+
+def human_count(value: float | None) -> str:
+    """12_345_678 -> '12.3M' (tokens are read at a glance, not digit by digit)."""
+    if value is None:
+        return "-"
+    for suffix, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(value) >= size:
+            return f"{value / size:.1f}{suffix}"
+    return f"{value:,.0f}"
+
+
+def finding_status(finding: object) -> str:
+    if getattr(finding, "open", False):
+        return "OPEN"
+    if getattr(finding, "self_recovered", None):
+        return "recovered"
+    return "closed"
+
+
+def open_findings(report: object) -> list:
+    return [f for f in getattr(report, "findings", []) if getattr(f, "open", False)]
+
+
+def overview_rows(runs: Sequence[Mapping], reports: Mapping[str, object], errors: Mapping[str, str],
+                  now: float) -> list[dict]:
+    """One row per run, worst health first, then most recently updated.
+
+    ``runs``: ``Store.runs()`` rows; ``reports``: run -> analysis report;
+    ``errors``: run -> why it could not be analysed (shown, never hidden).
+    """
+    rows = []
+    for r in runs:
+        name = r["run"]
+        report = reports.get(name)
+        health = "error" if name in errors or report is None else report.health
+        opened = open_findings(report) if report is not None else []
+        updated = r.get("last_update")
+        rows.append({
+            "health": health_label(health),
+            "run": name,
+            "last step": r.get("last_step"),
+            "updated": None if updated is None else datetime.fromtimestamp(updated, tz=timezone.utc),
+            "idle": ago(None if updated is None else now - updated),
+            "tokens": r.get("tokens"),
+            "open findings": len(opened),
+            "what": errors.get(name) or "; ".join(sorted({f.kind for f in opened})) or "-",
+            "segments": r.get("num_segments"),
+            "_order": (HEALTH_ORDER.get(health, 9), -(updated or 0.0)),
+        })
+    rows.sort(key=lambda row: row.pop("_order"))
+    return rows
+
+
+def findings_rows(findings: Iterable[object], x_of_step: Callable[[float], float] | None = None) -> list[dict]:
+    """The findings table: open alarms first, then by onset."""
+    rows = []
+    for f in sorted(findings, key=lambda f: (not getattr(f, "open", False), f.onset_step)):
+        rows.append({
+            "severity": f"{SEVERITY_ICONS.get(f.severity, '')} {f.severity}",
+            "kind": f.kind,
+            "status": finding_status(f),
+            "onset": f.onset_step,
+            "peak": f.peak_step,
+            "end": f.end_step,
+            "segment": f.segment,
+            "needs action": bool(f.needs_action),
+            "message": f.message,
+        })
+    return rows
+
+
+def finding_bands(findings: Iterable[object], last_step: int,
+                  x_of_step: Callable[[float], float] | None = None) -> list[dict]:
+    """Shaded chart bands (in x units) for findings; an open one runs to the last step."""
+    to_x = x_of_step or float
+    bands = []
+    for f in findings:
+        end = f.end_step if f.end_step is not None else (last_step if getattr(f, "open", False) else f.peak_step)
+        end = f.onset_step if end is None else end
+        bands.append({"x0": to_x(f.onset_step), "x1": to_x(end), "severity": f.severity,
+                      "label": f.kind.replace("_", " "), "open": bool(getattr(f, "open", False))})
+    return bands
+
+
+def event_marks(events: pa.Table, kind: str, x_of_step: Callable[[float], float] | None = None) -> list[dict]:
+    """Checkpoint or resume events as chart ticks with a hover text."""
+    to_x = x_of_step or float
+    marks = []
+    for ev in events.to_pylist():
+        if ev["event"] != kind:
+            continue
+        payload = json.loads(ev["payload"] or "{}")
+        if kind == "checkpoint":
+            text = f"checkpoint @ step {ev['step']:,}: {payload.get('path', '?')}"
+        else:
+            skip = payload.get("skip_batches")
+            text = (f"resume (segment {ev['segment']}) @ step {ev['step']:,} from {payload.get('checkpoint', '?')}"
+                    + (f", skipped batches {skip[0]}-{skip[1]}" if skip else ""))
+        marks.append({"x": to_x(ev["step"]), "text": text, "step": ev["step"]})
+    return marks
+
+
+def rollback_lines(rollback: object) -> list[str]:
+    """The rollback card as markdown lines: where to go back to, what to skip, what to change, why."""
+    lines = []
+    if getattr(rollback, "checkpoint_step", None) is None:
+        lines.append("**No healthy checkpoint before the onset was found.**")
+    else:
+        lines.append(f"**Roll back to checkpoint @ step {rollback.checkpoint_step:,}**  \n`{rollback.checkpoint_path}`")
+    if getattr(rollback, "checkpoint_missing", False):
+        lines.append("⚠️ That checkpoint is no longer retained (deleted by retention): restore it or go further back.")
+    skip = getattr(rollback, "skip_batches", None)
+    if skip:
+        lines.append(f"**Skip batches** {skip[0]:,} – {skip[1]:,}")
+    actions = list(getattr(rollback, "actions", []) or [])
+    if actions:
+        lines.append("**Then:**\n" + "\n".join(f"- {a}" for a in actions))
+    if getattr(rollback, "reason", ""):
+        lines.append(f"_Why:_ {rollback.reason}")
+    return lines
+
+
+def evidence_rows(evidence: Mapping[str, object]) -> list[dict]:
+    return [{"evidence": str(k), "value": json.dumps(v, default=str) if not isinstance(v, str) else v}
+            for k, v in (evidence or {}).items()]
+
+
+def resume_command(run: str, rollback: object, meta: Mapping[str, object] | None = None) -> str:
+    """A copyable resume recipe: the run's own command when known, plus the Monitor call.
+
+    runwatch does not launch training, so the shell line is the run's recorded
+    ``command`` (or a placeholder) with the checkpoint and skip window appended.
+    """
+    meta = meta or {}
+    base = str(meta.get("command") or "python train.py")
+    step, path = getattr(rollback, "checkpoint_step", None), getattr(rollback, "checkpoint_path", None)
+    skip = getattr(rollback, "skip_batches", None)
+    shell = [base]
+    if path:
+        shell.append(f"--resume-from {shlex.quote(str(path))}")
+    if skip:
+        shell.append(f"--skip-batches {int(skip[0])}:{int(skip[1])}")
+    monitor_args = [repr(run)]
+    if step is not None:
+        monitor_args.append(f"resume_step={int(step)}")
+    if path:
+        monitor_args.append(f"resume_checkpoint={str(path)!r}")
+    if skip:
+        monitor_args.append(f"skip_batches=({int(skip[0])}, {int(skip[1])})")
+    return (" \\\n    ".join(shell) + "\n\n# in the training script:\n"
+            + f"mon = Monitor(root, run={', '.join(monitor_args)}, model=model)")
+
+
+def resolve_under_root(root: str | Path, given: str) -> Path:
+    """Resolve a user-typed path against the root; refuse anything that lands outside it."""
+    root_path = Path(root).resolve()
+    candidate = Path(given).expanduser()
+    path = (candidate if candidate.is_absolute() else root_path / candidate).resolve()
+    if path != root_path and root_path not in path.parents:
+        raise ValueError(f"{given}: outside the dashboard root {root_path}; only files under it can be imported")
+    if not path.is_file():
+        raise ValueError(f"{given}: no such file under {root_path}")
+    return path
