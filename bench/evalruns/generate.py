@@ -1,0 +1,62 @@
+"""Labelled runs, part 3: train every scenario and land it in a real runwatch store.
+
+Runs go through the same path as an archived log (``ParsedLog`` ->
+``write_import``: real Parquet, real segments from the resume events), and the
+labels go next to the store as ``labels.json``. Generated sets are cached
+under ``bench/results/`` keyed by ``VERSION``: bump it whenever training.py or
+scenarios.py changes what a run contains.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from runwatch.collectors.importers.base import ParsedLog, write_import
+
+from .scenarios import LabelledRun, scenarios
+from .training import train
+
+VERSION = "labelled-v3"
+
+
+def write_run(root: Path, lr: LabelledRun) -> int:
+    """Train one labelled run and write it under ``root``; returns the number of rows."""
+    rows, events = train(lr.spec)
+    parsed = ParsedLog.from_rows(rows, events=events)
+    write_import(root, lr.spec.run, parsed, replace=True,
+                 meta={"source": "bench/evalruns", "scenario": lr.spec.scenario, "labels_version": VERSION})
+    return len(rows)
+
+
+def generate(out_dir: Path, runs: list[LabelledRun] | None = None, *, verbose: bool = False) -> dict:
+    """Write every run and ``labels.json`` under ``out_dir`` (root = out_dir/'store')."""
+    torch.set_num_threads(1)
+    runs = scenarios() if runs is None else runs
+    root = out_dir / "store"
+    root.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    num_rows = 0
+    for k, lr in enumerate(runs):
+        num_rows += write_run(root, lr)
+        if verbose and (k + 1) % 20 == 0:
+            print(f"  generated {k + 1}/{len(runs)} runs, {time.perf_counter() - t0:.0f}s", flush=True)
+    info = {"version": VERSION, "num_runs": len(runs), "num_rows": num_rows,
+            "seconds": round(time.perf_counter() - t0, 1), "runs": [lr.to_dict() for lr in runs]}
+    (out_dir / "labels.json").write_text(json.dumps(info, indent=1))
+    return info
+
+
+def load_or_generate(results_dir: Path, *, verbose: bool = True) -> tuple[Path, dict]:
+    """The cached labelled set for ``VERSION``, generating it on first use."""
+    out_dir = results_dir / VERSION
+    labels = out_dir / "labels.json"
+    if labels.exists():
+        return out_dir / "store", json.loads(labels.read_text())
+    if verbose:
+        print(f"generating labelled runs into {out_dir} (real CPU training, one thread)...", flush=True)
+    info = generate(out_dir, verbose=verbose)
+    return out_dir / "store", info
