@@ -16,7 +16,17 @@ from runwatch.data.storage import check_run_name
 # CLI name -> module under runwatch.collectors.importers. Order matters for
 # `auto`: the first format whose sniff() accepts the file's head wins.
 FORMATS: dict[str, str] = {
+    "megatron-golden": "megatron_golden",
+    "tensorboard": "tensorboard",
+    "wandb": "wandb",
     "jsonl": "jsonl",
+    "metaseq": "metaseq",
+    "fairseq": "metaseq",
+    "llmc": "llmc",
+    "modded-nanogpt": "modded_nanogpt",
+    "megatron": "megatron",
+    "deepspeed": "deepspeed",
+    "csv": "csv_log",
 }
 
 
@@ -28,11 +38,16 @@ def get_format(name: str) -> ModuleType:
 
 def detect_format(path: str | Path) -> str:
     """The first format whose sniffer accepts the head of ``path``."""
-    with open(path, "rb") as f:
-        head = f.read(256 * 1024).decode("utf-8", errors="replace")
-    for name in FORMATS:
-        if get_format(name).sniff(head):
-            return name
+    # Noisy stdout logs can print their first metric line megabytes in (argument
+    # dumps, dataset builds): look at a short head first, then a longer one.
+    for size in (256 * 1024, 16 * 1024 * 1024):
+        with open(path, "rb") as f:
+            head = f.read(size).decode("utf-8", errors="replace")
+        for name in FORMATS:
+            if get_format(name).sniff(head):
+                return name
+        if len(head) < size:
+            break
     raise ValueError(f"{path}: could not detect the log format; pass one of: {', '.join(FORMATS)}")
 
 

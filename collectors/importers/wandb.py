@@ -1,0 +1,75 @@
+"""A W&B run-history export: CSV or Parquet with ``_step``, ``_runtime``, ``_timestamp`` and metric columns.
+
+``_step`` -> step, ``_timestamp`` -> time (unix seconds), ``_runtime`` ->
+``runtime`` extra; metric names map like TensorBoard tags (``loss``,
+``train/loss`` -> loss, ``train/grad_norm`` -> grad_norm, ``lr``, ``val/loss`` ->
+val_loss, ...); other numeric columns become extras; text and media columns are
+dropped. Rows are history rows in export order, so a rewound run (step going
+backwards) becomes a new segment, and an hour without a row starts one too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from runwatch.collectors.importers.base import LogFormatError, ParsedLog
+from runwatch.collectors.importers.csv_log import read_csv_strings, to_record
+from runwatch.collectors.importers.tensorboard import column_for as tag_column
+from runwatch.collectors.importers.textlog import build_table, merge_same_step, parse_each, time_gap_breaks
+
+SPECIAL = {"_step": "step", "_timestamp": "time", "_runtime": "runtime"}
+
+
+def sniff(head: str) -> bool:
+    """A CSV header with ``_step``, or a Parquet file (W&B's Parquet history export)."""
+    if head.startswith("PAR1"):
+        return True
+    first = head.split("\n", 1)[0]
+    return "_step" in [c.strip().strip('"') for c in first.split(",")]
+
+
+def _column_for(raw: str) -> str | None:
+    if raw in SPECIAL:
+        return SPECIAL[raw]
+    if raw.startswith("_") or raw in ("step", "time"):
+        return None  # W&B bookkeeping (``_wandb``) or a shadow of the special columns
+    return tag_column(raw)
+
+
+def _read(path: Path) -> tuple[pa.Table, int]:
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic == b"PAR1":
+        try:
+            table = pq.read_table(path)
+        except (pa.ArrowInvalid, OSError) as err:
+            raise LogFormatError(path, None, f"expected a readable Parquet history export ({err})") from None
+        keep = [c for c in table.column_names if pa.types.is_integer(table.schema.field(c).type)
+                or pa.types.is_floating(table.schema.field(c).type) or pa.types.is_boolean(table.schema.field(c).type)
+                or pa.types.is_string(table.schema.field(c).type)]
+        table = table.select(keep)
+        return pa.table({c: pc.cast(pc.cast(table[c], pa.float64()) if pa.types.is_boolean(table[c].type) else table[c],
+                                    pa.string()) for c in keep}), 1
+    return read_csv_strings(path), 2
+
+
+def parse_file(path: Path, skip_bad_lines: bool) -> ParsedLog:
+    table, first_line = _read(path)
+    if "_step" not in table.column_names:
+        raise LogFormatError(path, 1, "expected a W&B history export with a '_step' column")
+    if table.num_rows == 0:
+        raise LogFormatError(path, None, f"no history rows found in {path}")
+    columns = to_record(table, path, _column_for, first_line, drop_text_columns=True)
+    # W&B logs a step once per history row; sort nothing: export order is the run's order.
+    metrics = build_table(columns)
+    breaks = time_gap_breaks(metrics["time"].to_numpy(zero_copy_only=False)) if "time" in columns else set()
+    return merge_same_step(ParsedLog(metrics, breaks=breaks))
+
+
+def parse(paths: Sequence[str | Path], *, skip_bad_lines: bool = False) -> ParsedLog:
+    return parse_each(paths, parse_file, skip_bad_lines)
