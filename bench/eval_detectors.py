@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/eval_detectors.py            # generate (cached) + score
     .venv/bin/python bench/eval_detectors.py --regenerate
+    .venv/bin/python bench/eval_detectors.py --realruns  # the real-log table only
 
 The labelled runs (real tiny CPU training with injected faults, see
 bench/evalruns/) are cached under bench/results/<VERSION>/. Each run is read
@@ -133,7 +134,20 @@ def render(result: dict, info: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--regenerate", action="store_true", help="drop the cached labelled runs and train them again")
+    parser.add_argument("--realruns", action="store_true",
+                        help="import and check the real logs in ../shared/realruns and print that table only")
     args = parser.parse_args(argv)
+    if args.realruns:
+        import tempfile
+
+        from evalruns.realruns import realruns_table
+
+        with tempfile.TemporaryDirectory() as tmp:
+            text = realruns_table(Path(tmp))
+        (RESULTS / "realruns.md").parent.mkdir(parents=True, exist_ok=True)
+        (RESULTS / "realruns.md").write_text(text)
+        print(text)
+        return 0
     if args.regenerate:
         shutil.rmtree(RESULTS / VERSION, ignore_errors=True)
     root, info = load_or_generate(RESULTS)
