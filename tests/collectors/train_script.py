@@ -25,7 +25,7 @@ from runwatch.collectors.tinygpt import TinyGPT, TinyGPTConfig, synthetic_batche
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--root", required=True)
-    parser.add_argument("--run", default="sub")
+    parser.add_argument("--name", default="sub", help="run name")
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--flush-every", type=int, default=10)
     parser.add_argument("--sleep", type=float, default=0.0, help="seconds to sleep per step")
@@ -47,7 +47,7 @@ def main() -> None:
     batches = synthetic_batches(cfg, batch_size=4, seed=rank)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        mon = Monitor(args.root, args.run, model=model, activation_module=model.blocks[-1],
+        mon = Monitor(args.root, args.name, model=model, activation_module=model.blocks[-1],
                       config=MonitorConfig(flush_every_steps=args.flush_every, flush_every_seconds=3600))
         for step in range(args.steps):
             loss, grad_norm = train_step(train_model, optimizer, next(batches))
