@@ -18,13 +18,13 @@ import pyarrow.compute as pc
 
 from runwatch.collectors.importers.base import LogFormatError, ParsedLog
 from runwatch.collectors.importers.textlog import (
-    build_table, first_bad, merge_same_step, parse_each, read_lines, to_float, to_int,
+    NUMBER_RE, build_table, first_bad, merge_same_step, parse_each, read_lines, to_float, to_int,
 )
 
 _STEP_LINE = r"^s:\d"
 _FIELDS = {"trl": "loss", "tel": "val_loss", "lr": "lr", "norm": "grad_norm"}
-_LINE = (r"^s:(?P<step>\d+)(?: trl:(?P<trl>\S+))?(?: tel:(?P<tel>\S+))?(?: lr:(?P<lr>\S+))?"
-         r"(?: norm:(?P<norm>\S+))?\s*$")
+_LINE = (rf"^s:(?P<step>\d+)(?: trl:(?P<trl>{NUMBER_RE}))?(?: tel:(?P<tel>{NUMBER_RE}))?(?: lr:(?P<lr>{NUMBER_RE}))?"
+         rf"(?: norm:(?P<norm>{NUMBER_RE}))?\s*$")
 EXPECTED = "an llm.c line 's:STEP trl:LOSS [lr:LR norm:NORM]' or 's:STEP tel:VAL_LOSS'"
 
 

@@ -20,12 +20,12 @@ import pyarrow.compute as pc
 
 from runwatch.collectors.importers.base import LogFormatError, ParsedLog
 from runwatch.collectors.importers.textlog import (
-    build_table, first_bad, merge_same_step, parse_each, read_lines, to_float, to_int,
+    NUMBER_RE, build_table, first_bad, merge_same_step, parse_each, read_lines, to_float, to_int,
 )
 
 _STEP_LINE = r"^step:\d"
-_LINE = (r"^step:(?P<step>\d+)/(?P<total>\d+) (?P<kind>train_loss|val_loss):(?P<loss>\S+)"
-         r"(?: train_time:(?P<train_time>\S+?)ms)?(?: step_avg:(?P<step_avg>\S+?)ms)?\s*$")
+_LINE = (rf"^step:(?P<step>\d+)/(?P<total>\d+) (?P<kind>train_loss|val_loss):(?P<loss>{NUMBER_RE})"
+         rf"(?: train_time:(?P<train_time>{NUMBER_RE})ms)?(?: step_avg:(?P<step_avg>{NUMBER_RE})ms)?\s*$")
 EXPECTED = "a modded-nanogpt line 'step:N/M train_loss:X train_time:Tms step_avg:Sms' (or val_loss)"
 
 
@@ -88,7 +88,6 @@ def parse_file(path: Path, skip_bad_lines: bool) -> ParsedLog:
         "val_loss": pc.if_else(train_mask, null, loss),
         "step_time": pa.array(step_time, from_pandas=True),
         "step_avg": pc.if_else(train_mask, step_avg, null),
-        "total_steps": pc.if_else(train_mask, pc.cast(to_int(parts.field("total"), nums, path, "total"), pa.float64()), null),
     }
     return merge_same_step(ParsedLog(build_table(columns), num_skipped=num_skipped))
 
