@@ -1,0 +1,212 @@
+"""Rollback advice: which checkpoint to restart from, which batches to skip, what to change.
+
+Pure: findings, checkpoint events and the main-line series in, a ``Rollback``
+out. Whether a checkpoint file still exists is I/O, so the caller passes the
+set of paths it found on disk (or None when it cannot tell).
+
+The recipe is the published one (OPT, BLOOM, PaLM): restart from the latest
+checkpoint before the onset and before any precursor, that is still retained
+and healthy (loss scale >= 1 with no backoff burst before it, final-layer
+activation norm not trending up, all values finite); if the activation norm
+started growing long before the loss moved, walk back before that growth.
+Skip the batches around the incident (PaLM restarted ~100 steps before a spike
+and skipped ~200-500 batches); for divergence also lower the LR and tighten
+clipping (OPT 1.0 -> 0.3); for NaN or scaler collapse under fp16, consider BF16.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pyarrow as pa
+
+from runwatch.detectors.finding import Finding, Rollback
+from runwatch.detectors.series import BLOCK, row_median
+
+HEALTH_WINDOW = 64
+"""Observations before a checkpoint that must look healthy."""
+ACT_GROWTH = 1.2
+"""Activation-norm growth (x) into the onset that counts as a precursor to walk back before."""
+ACT_TREND = 1.1
+"""Activation norm up this much across a checkpoint's health window: not healthy."""
+REPLAY_BEFORE = 100
+"""Batches before the onset to start skipping (PaLM restarted ~100 steps before a spike)."""
+SKIP_AFTER = 100
+MIN_SKIP = 200
+NO_ROLLBACK_KINDS = frozenset({"stall", "slowdown"})
+
+
+def checkpoints_from_events(events: pa.Table) -> list[dict]:
+    """Checkpoint events as dicts (step, segment, path, bytes, write_seconds, deleted), oldest first."""
+    if events is None or events.num_rows == 0:
+        return []
+    rows = events.to_pylist()
+    deleted_paths = set()
+    for ev in rows:
+        payload = _payload(ev)
+        if ev["event"] == "note" and payload.get("path") and ("delet" in json.dumps(payload).lower()):
+            deleted_paths.add(payload["path"])
+    out = []
+    for ev in rows:
+        if ev["event"] != "checkpoint":
+            continue
+        payload = _payload(ev)
+        path = payload.get("path")
+        deleted = bool(payload.get("deleted")) or payload.get("retained") is False or path in deleted_paths
+        out.append({"step": int(ev["step"]), "segment": ev.get("segment"), "path": path, "bytes": payload.get("bytes"),
+                    "write_seconds": payload.get("write_seconds"), "deleted": deleted})
+    return sorted(out, key=lambda c: c["step"])
+
+
+def _payload(ev: dict) -> dict:
+    raw = ev.get("payload")
+    if isinstance(raw, dict):
+        return raw
+    try:
+        value = json.loads(raw) if raw else {}
+    except (TypeError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def act_growth_start(steps: np.ndarray, act: np.ndarray, onset_step: int) -> int | None:
+    """First step of a sustained activation-norm rise leading into the onset, or None.
+
+    Walk back over block medians before the onset while they keep (roughly)
+    rising; the rise must reach ``ACT_GROWTH`` to count.
+    """
+    ok = np.isfinite(act) & (steps < onset_step)
+    s, a = steps[ok], act[ok]
+    nb = len(a) // BLOCK
+    if nb < 3:
+        return None
+    tail = len(a) - nb * BLOCK  # align blocks to end at the onset
+    med = row_median(a[tail:].reshape(nb, BLOCK))
+    j = nb - 1
+    while j > 0 and med[j - 1] <= med[j] * 1.02:
+        j -= 1
+    if not med[nb - 1] >= ACT_GROWTH * med[j]:
+        return None
+    flat_end = j + int(np.flatnonzero(med[j:] <= med[j] * 1.05)[-1])
+    return int(s[tail + flat_end * BLOCK])
+
+
+def _healthy(ckpt_step: int, main: dict[str, np.ndarray], findings: list[Finding]) -> tuple[bool, str]:
+    """OPT criteria over the observations up to the checkpoint."""
+    steps = main["step"]
+    upto = int(np.searchsorted(steps, ckpt_step, side="right"))
+    lo = max(0, upto - HEALTH_WINDOW)
+    window = slice(lo, upto)
+    for name in ("loss", "act_norm"):
+        v, present = main[name][window], main[name + "_present"][window]
+        if (present & ~np.isfinite(v)).any():
+            return False, f"non-finite {name} before it"
+    scale = main["loss_scale"][window]
+    scale = scale[np.isfinite(scale)]
+    if len(scale) and scale.min() < 1.0:
+        return False, f"loss scale {scale.min():g} < 1 before it"
+    first_step = int(steps[lo]) if upto > lo else ckpt_step
+    for f in findings:
+        if f.kind in ("scaler_collapse", "nan", "divergence") and f.onset_step <= ckpt_step and f.end_step >= first_step:
+            return False, f"{f.kind} from step {f.onset_step} overlaps the window before it"
+        if f.kind == "spike" and f.onset_step <= ckpt_step <= f.end_step:
+            return False, f"inside the spike from step {f.onset_step}"
+    act = main["act_norm"][window]
+    act = act[np.isfinite(act)]
+    if len(act) >= 8:
+        half = len(act) // 2
+        if np.median(act[half:]) > ACT_TREND * np.median(act[:half]):
+            return False, "activation norm trending up before it"
+    return True, "loss scale ok, activation norm flat, all values finite"
+
+
+def _position(main: dict[str, np.ndarray], name: str, step: int) -> int | None:
+    """Samples or tokens consumed at ``step``, interpolated between logged rows."""
+    ok = main[name + "_present"] & np.isfinite(main[name])
+    if ok.sum() < 2:
+        return None
+    return int(round(float(np.interp(step, main["step"][ok], main[name][ok]))))
+
+
+def skip_window(ckpt_step: int | None, target: Finding, main: dict[str, np.ndarray]) -> tuple[list[int], dict]:
+    a = max((ckpt_step + 1) if ckpt_step is not None else 0, target.onset_step - REPLAY_BEFORE)
+    b = max(target.peak_step + SKIP_AFTER, a + MIN_SKIP - 1)
+    extra = {}
+    for name in ("samples", "tokens"):
+        lo, hi = _position(main, name, a - 1), _position(main, name, b)
+        if lo is not None and hi is not None:
+            extra[f"skip_{name}"] = [lo, hi]
+    return [a, b], extra
+
+
+def _target(findings: list[Finding]) -> Finding | None:
+    actionable = [f for f in findings if f.open and f.needs_action and f.kind not in NO_ROLLBACK_KINDS]
+    return min(actionable, key=lambda f: (f.onset_step, f.segment)) if actionable else None
+
+
+def _choose(checkpoints: list[dict], cutoff: int, main: dict[str, np.ndarray], findings: list[Finding],
+            present_paths: set[str] | None) -> tuple[dict | None, dict | None, list[dict]]:
+    """(chosen, the better one that is gone, rejected with reasons), latest first."""
+    rejected, missing = [], None
+    for ckpt in reversed([c for c in checkpoints if c["step"] < cutoff]):
+        healthy, why = _healthy(ckpt["step"], main, findings)
+        if not healthy:
+            rejected.append({"step": ckpt["step"], "why": why})
+            continue
+        gone = ckpt["deleted"] or (present_paths is not None and ckpt["path"] is not None and ckpt["path"] not in present_paths)
+        if gone:
+            missing = missing or ckpt
+            rejected.append({"step": ckpt["step"], "why": "deleted (not retained or not on disk)"})
+            continue
+        return ckpt, missing, rejected
+    return None, missing, rejected
+
+
+def _actions(target: Finding, ckpt: dict | None, skip: list[int], fp16: bool, lr: float | None) -> list[str]:
+    where = f"checkpoint step {ckpt['step']} ({ckpt['path']})" if ckpt else "the earliest healthy state you have (no checkpoint qualifies)"
+    actions = [f"restart from {where} and skip batches {skip[0]}-{skip[1]}"]
+    if target.kind == "divergence":
+        lr_text = f" ({lr:.3g} -> {lr * 0.5:.3g})" if lr else ""
+        actions.append(f"lower the learning rate x0.5{lr_text}")
+        actions.append("tighten gradient clipping (e.g. max norm 1.0 -> 0.3)")
+    if target.kind in ("nan", "scaler_collapse") and fp16:
+        actions.append("consider BF16 instead of FP16 (the fp16 loss scale could not absorb this)")
+    elif target.kind == "nan":
+        actions.append("inspect the skipped batches for corrupt data before resuming")
+    return actions
+
+
+def advise(findings: list[Finding], checkpoints: list[dict], main: dict[str, np.ndarray],
+           present_paths: set[str] | None = None) -> Rollback | None:
+    """Rollback advice for the earliest open finding that needs action, or None when nothing does."""
+    target = _target(findings)
+    if target is None:
+        return None
+    cutoff, evidence = target.onset_step, {"finding": target.kind, "onset_step": target.onset_step}
+    growth = act_growth_start(main["step"], main["act_norm"], target.onset_step)
+    if growth is not None and growth < cutoff:
+        cutoff, evidence["act_norm_growth_from"] = growth, growth
+    chosen, missing, rejected = _choose(checkpoints, cutoff, main, findings, present_paths)
+    skip, positions = skip_window(chosen["step"] if chosen else None, target, main)
+    evidence.update(positions)
+    evidence["cutoff_step"] = cutoff
+    evidence["rejected_checkpoints"] = rejected[:10]
+    fp16 = bool(np.isfinite(main["loss_scale"]).any())
+    lr = evidence["lr_at_onset"] = target.evidence.get("lr_at_onset")
+    actions = _actions(target, chosen, skip, fp16, lr)
+    before = "before the activation-norm growth from step %d" % growth if "act_norm_growth_from" in evidence else \
+        f"before the onset at step {target.onset_step}"
+    if chosen:
+        why = _healthy(chosen["step"], main, findings)[1]
+        reason = f"{target.message}. Checkpoint {chosen['step']} is the latest one {before} that is retained and healthy ({why})."
+        evidence["resume_hint"] = f"--resume {chosen['path']} --skip-batches {skip[0]}-{skip[1]}"
+    else:
+        reason = f"{target.message}. No retained, healthy checkpoint exists {before}."
+    if missing:
+        reason += f" The right checkpoint (step {missing['step']}, {missing['path']}) no longer exists."
+        evidence["missing_checkpoint"] = {"step": missing["step"], "path": missing["path"]}
+    return Rollback(checkpoint_step=chosen["step"] if chosen else None, checkpoint_path=chosen["path"] if chosen else None,
+                    skip_batches=skip, actions=actions, reason=reason, evidence=evidence,
+                    checkpoint_missing=missing is not None or chosen is None)

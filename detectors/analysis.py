@@ -1,0 +1,133 @@
+"""analyze(): every detector over every segment, then segments, open alarms, health and rollback advice.
+
+This is the one entry point the CLI, the dashboard and the evaluation call:
+``analyze(Store.rows(run, rank=0), Store.events(run), now)``. Each segment is
+judged on its own rows (findings carry their segment); a finding on an
+abandoned branch, or one a rollback already answered, is history (open=False).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from runwatch.detectors.advisor import advise, checkpoints_from_events
+from runwatch.detectors.finding import Finding, Rollback, SegmentInfo, clean_json
+from runwatch.detectors.segment_scan import SegmentDetectors
+from runwatch.detectors.segments import main_line, segment_infos, split_segments
+from runwatch.detectors.stall import live_stall
+
+RECENT_OBSERVATIONS = 100
+RECENT_FRACTION = 0.05
+"""A finding that needs no action stays 'open' (health: watching) while it ended within the last
+max(100 observations, 5% of the main line); after that it is history."""
+
+
+@dataclass(frozen=True)
+class Report:
+    findings: list[Finding]
+    segments: list[SegmentInfo]
+    rollback: Rollback | None
+    health: str
+    """'healthy', 'watching', 'action needed' or 'stalled'."""
+
+    def to_dict(self, run: str) -> dict:
+        """The JSON object of ``runwatch check --json``: strict JSON, no NaN."""
+        out = {"run": run, "health": self.health,
+               "findings": [f.to_dict() for f in self.findings],
+               "segments": [s.to_dict() for s in self.segments],
+               "rollback": self.rollback.to_dict() if self.rollback else None}
+        json.dumps(out, allow_nan=False)  # fail here, not in a consumer, if anything slipped through
+        return clean_json(out)  # type: ignore[return-value]
+
+
+def checkpoint_seconds(checkpoints: list[dict]) -> dict[int, float]:
+    """Write time of each checkpoint by step: wall time a stall detector must allow for."""
+    out: dict[int, float] = {}
+    for c in checkpoints:
+        if isinstance(c.get("write_seconds"), (int, float)):
+            out[c["step"]] = out.get(c["step"], 0.0) + float(c["write_seconds"])
+    return out
+
+
+def merge_overlaps(findings: list[Finding]) -> list[Finding]:
+    """One incident, one finding: a spike inside an unrecovered divergence is that divergence
+    (which takes the earlier onset); a 'divergence' that came back down inside a spike was that spike."""
+    out = list(findings)
+    divs = [f for f in out if f.kind == "divergence"]
+    spikes = [f for f in out if f.kind == "spike"]
+    for d in divs:
+        overlapping = [s for s in spikes if s.segment == d.segment and s.onset_step <= d.end_step and s.end_step >= d.onset_step]
+        if not overlapping:
+            continue
+        if d.self_recovered:
+            out.remove(d)
+            continue
+        for s in overlapping:
+            if not s.self_recovered and s in out:
+                out.remove(s)
+        earliest = min([d.onset_step] + [s.onset_step for s in overlapping if not s.self_recovered])
+        if earliest < d.onset_step:
+            out[out.index(d)] = dataclasses.replace(d, onset_step=earliest)
+    return out
+
+
+def mark_open(findings: list[Finding], segments: list[SegmentInfo], main_steps: np.ndarray) -> list[Finding]:
+    """History vs alarm: abandoned branches and rolled-back incidents are closed; blips close when old."""
+    by_seg = {s.segment: s for s in segments}
+    recent = max(RECENT_OBSERVATIONS, int(RECENT_FRACTION * len(main_steps)))
+    recent_from = int(main_steps[max(0, len(main_steps) - recent)]) if len(main_steps) else 0
+    out = []
+    for f in findings:
+        seg = by_seg.get(f.segment)
+        rolled_back = seg is not None and seg.abandoned_from is not None and f.end_step >= seg.abandoned_from
+        is_open = not rolled_back and (f.needs_action or f.end_step >= recent_from)
+        out.append(dataclasses.replace(f, open=is_open))
+    return out
+
+
+def health_of(findings: list[Finding]) -> str:
+    open_ = [f for f in findings if f.open]
+    if any(f.needs_action and f.kind != "stall" for f in open_):
+        return "action needed"
+    if any(f.kind == "stall" and f.evidence.get("live") for f in open_):
+        return "stalled"
+    return "watching" if open_ else "healthy"
+
+
+def assemble(raw: list[Finding], segments: list[SegmentInfo], main: dict[str, np.ndarray], checkpoints: list[dict],
+             now: float | None, present_paths: set[str] | None) -> Report:
+    """Everything after the per-segment detectors; shared by offline and streaming analysis."""
+    findings = merge_overlaps(raw)
+    if now is not None and segments:
+        stall = live_stall(main["step"], main["time"], now, segments[-1].segment)
+        if stall is not None:
+            findings.append(stall)
+    findings = mark_open(findings, segments, main["step"])
+    findings.sort(key=lambda f: (f.onset_step, f.segment, f.kind))
+    rollback = advise(findings, checkpoints, main, present_paths)
+    return Report(findings=findings, segments=segments, rollback=rollback, health=health_of(findings))
+
+
+def analyze(rows: pa.Table, events: pa.Table | None = None, now: float | None = None,
+            present_paths: set[str] | None = None) -> Report:
+    """Judge one run (one rank): ``rows`` = ``Store.rows(run, rank=0)``, ``events`` = ``Store.events(run)``.
+
+    ``now`` (unix seconds) enables the live-stall check; leave it None for an
+    archived run. ``present_paths``: checkpoint paths known to exist on disk
+    (None: do not check).
+    """
+    if "step" not in rows.column_names:
+        raise ValueError("rows have no 'step' column (expected Store.rows(run))")
+    checkpoints = checkpoints_from_events(events)
+    seconds = checkpoint_seconds(checkpoints)
+    raw: list[Finding] = []
+    for segment, cols in split_segments(rows).items():
+        scan = SegmentDetectors(segment, seconds)
+        scan.advance(cols)
+        raw.extend(scan.findings())
+    return assemble(raw, segment_infos(rows), main_line(rows), checkpoints, now, present_paths)

@@ -1,0 +1,139 @@
+"""Divergence: the loss climbs and keeps climbing, with elevated gradient norms and a growing activation norm.
+
+Judged on completed blocks of loss observations (robust block medians), so
+batch noise, evaluation noise and single spikes do not move it: divergence is
+confirmed at a block whose median is above the previous block's, which is
+above the one before, and which sits at least ``MIN_RISE`` of the loss level
+and ``Z_RISE`` per-observation sigmas above the best level reached so far.
+Onset is the observation after the last one at or below that best level, i.e.
+where the climb began. The loss falling back near its best level ends it
+(self-recovered); otherwise it needs action. Gradient-norm and activation-norm
+ratios (climb vs. best block) are evidence, and raise the severity story, but
+the loss decides.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from runwatch.detectors.finding import Finding
+from runwatch.detectors.series import BLOCK, MAD_TO_SIGMA, MIN_BLOCKS, TrailingBaseline
+
+MIN_RISE = 0.05
+Z_RISE = 3.0
+MAX_ONSET_WINDOW = 512
+"""Observations searched for where the climb began (bounds the one-off O(m^2) fit)."""
+
+
+def hinge_onset(values: np.ndarray) -> int:
+    """Index where a flat-then-rising (hinge) least-squares fit puts the start of the climb.
+
+    For a slow climb, "the last value at the best level" lands well after the
+    real start; the hinge fit uses every observation of the climb instead.
+    """
+    ok = np.isfinite(values)
+    y, t = values[ok], np.flatnonzero(ok).astype(np.float64)
+    m = len(y)
+    if m < 4:
+        return 0
+    knots = t[:-2]
+    h = np.maximum(t[None, :] - knots[:, None], 0.0)  # (knots, m): hinge regressor per candidate
+    hc = h - h.mean(axis=1, keepdims=True)
+    yc = y - y.mean()
+    slope = (hc @ yc) / np.maximum((hc * hc).sum(axis=1), 1e-300)
+    sse = ((yc[None, :] - slope[:, None] * hc) ** 2).sum(axis=1)
+    sse = np.where(slope > 0, sse, np.inf)  # only rising fits
+    best = int(np.argmin(sse)) if np.isfinite(sse).any() else 0
+    return int(knots[best]) + 1 if best or np.isfinite(sse[0]) else 0
+
+
+class DivergenceScanner:
+    """Incremental over one segment's loss observations, one completed block at a time."""
+
+    def __init__(self, segment: int = 0) -> None:
+        self.segment = segment
+        self.blocks = TrailingBaseline(rel_floor=1e-3, abs_floor=1e-12)
+        self.done = 0  # blocks judged
+        self.best: tuple[float, int, float] | None = None  # (median, block, sigma)
+        self.episode: dict | None = None
+        self.closed: list[tuple[dict, int, bool]] = []
+
+    def advance(self, loss: np.ndarray) -> None:
+        self.blocks.update(loss)
+        med, mad = self.blocks.med.view, self.blocks.mad.view
+        for b in range(self.done, len(med)):
+            self._judge(b, med, mad, loss)
+        self.done = len(med)
+
+    def _threshold(self) -> float:
+        best, _, sigma = self.best
+        return max(MIN_RISE * abs(best), Z_RISE * sigma)
+
+    def _judge(self, b: int, med: np.ndarray, mad: np.ndarray, loss: np.ndarray) -> None:
+        m = med[b]
+        if not math.isfinite(m):
+            return
+        if self.episode is not None:
+            if m <= self.best[0] + 0.5 * self._threshold():
+                self.closed.append((self.episode, b * BLOCK - 1, True))
+                self.episode, self.best = None, (float(m), b, MAD_TO_SIGMA * float(mad[b]))
+            return
+        if self.best is None or m < self.best[0]:
+            self.best = (float(m), b, MAD_TO_SIGMA * float(mad[b]))
+            return
+        if b < MIN_BLOCKS or b - self.best[1] < 2:
+            return
+        climbing = med[b] > med[b - 1] > med[b - 2]
+        if climbing and m - self.best[0] >= self._threshold():
+            start, stop = max(self.best[1] * BLOCK, (b + 1) * BLOCK - MAX_ONSET_WINDOW), (b + 1) * BLOCK
+            onset = start + hinge_onset(loss[start:stop])
+            self.episode = {"onset": onset, "confirm": stop - 1, "best": self.best}
+
+    def findings(self, steps: np.ndarray, loss: np.ndarray, grad: np.ndarray, act: np.ndarray, lr: np.ndarray) -> list[Finding]:
+        items = list(self.closed) + ([(self.episode, len(loss) - 1, False)] if self.episode else [])
+        return [classify(ep, end, rec, steps, loss, grad, act, lr, self.segment) for ep, end, rec in items]
+
+
+def _ratio(values: np.ndarray, before: slice, during: slice) -> float | None:
+    a, b = values[before], values[during]
+    a, b = a[np.isfinite(a)], b[np.isfinite(b)]
+    if not len(a) or not len(b) or np.median(a) <= 0:
+        return None
+    return float(np.median(b) / np.median(a))
+
+
+def classify(ep: dict, end: int, recovered: bool, steps: np.ndarray, loss: np.ndarray, grad: np.ndarray,
+             act: np.ndarray, lr: np.ndarray, segment: int) -> Finding:
+    onset = ep["onset"]
+    best, best_b, sigma = ep["best"]
+    before = slice(best_b * BLOCK, (best_b + 1) * BLOCK)
+    during = slice(onset, end + 1)
+    span = np.where(np.isfinite(loss[during]), loss[during], -np.inf)
+    peak = onset + int(np.argmax(span)) if len(span) else onset
+    grad_ratio, act_ratio = _ratio(grad, before, during), _ratio(act, before, during)
+    evidence = {"best_loss": best, "loss_sigma": sigma, "peak_loss": float(span.max()) if len(span) else None,
+                "grad_norm_ratio": grad_ratio, "act_norm_ratio": act_ratio,
+                "lr_at_onset": float(lr[onset]) if math.isfinite(lr[onset]) else None,
+                "confirmed_step": int(steps[min(ep["confirm"], len(steps) - 1)])}
+    extra = []
+    if grad_ratio is not None:
+        extra.append(f"grad norm x{grad_ratio:.2g}")
+    if act_ratio is not None:
+        extra.append(f"act norm x{act_ratio:.2g}")
+    message = (f"loss diverging from step {int(steps[onset])}: {best:.4g} -> {evidence['peak_loss']:.4g}"
+               + (f" ({', '.join(extra)})" if extra else "")
+               + ("; it came back down" if recovered else "; still climbing or high at the last step"))
+    return Finding(kind="divergence", onset_step=int(steps[onset]), end_step=int(steps[end]), peak_step=int(steps[peak]),
+                   segment=segment, severity="warning" if recovered else "critical", self_recovered=recovered,
+                   needs_action=not recovered, evidence=evidence, message=message)
+
+
+def detect_divergence(steps: np.ndarray, loss: np.ndarray, grad: np.ndarray, act: np.ndarray, lr: np.ndarray,
+                      segment: int = 0) -> list[Finding]:
+    """Offline: every divergence in one segment's loss observations (other signals on the same rows)."""
+    scanner = DivergenceScanner(segment)
+    loss = np.asarray(loss, dtype=np.float64)
+    scanner.advance(loss)
+    return scanner.findings(np.asarray(steps), loss, *(np.asarray(a, dtype=np.float64) for a in (grad, act, lr)))

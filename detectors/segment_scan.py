@@ -1,0 +1,135 @@
+"""All detectors over one segment, fed incrementally: the shared engine of offline and streaming analysis.
+
+``SegmentDetectors.advance(cols)`` takes the segment's rows so far (column
+arrays as ``segments.columns`` makes them) and hands each detector the new
+observations of the series it judges: the loss observations (rows where the
+loss was logged) to spike and divergence, the loss-scale observations to the
+scaler, rows with a wall time to stall, step-time observations to slowdown,
+every row to nan. Offline analysis calls it once; the streaming analyzer calls
+it per row. Same code, same findings.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from runwatch.detectors.divergence import DivergenceScanner
+from runwatch.detectors.finding import Finding
+from runwatch.detectors.nan import NanScanner, nonfinite_masks
+from runwatch.detectors.scaler_collapse import ScalerScanner
+from runwatch.detectors.series import Grow
+from runwatch.detectors.spike import SpikeScanner
+from runwatch.detectors.stall import SlowdownScanner, StallScanner
+
+_SUBSERIES: dict[str, tuple[str, ...]] = {
+    "loss": ("step", "loss", "grad_norm", "act_norm", "lr"),
+    "scale": ("step", "loss_scale"),
+    "time": ("step", "time", "allowance"),
+    "step_time": ("step", "step_time"),
+}
+
+
+class SegmentDetectors:
+    """Scanners for one segment plus the observation buffers each one reads."""
+
+    def __init__(self, segment: int, checkpoint_seconds: dict[int, float] | None = None) -> None:
+        self.segment = segment
+        self.pos = 0
+        ckpt = sorted((checkpoint_seconds or {}).items())
+        self._ckpt_steps = np.array([k for k, _ in ckpt], dtype=np.int64)
+        self._ckpt_cum = np.concatenate([[0.0], np.cumsum([v for _, v in ckpt])])
+        self.buf = {name: {col: Grow(np.int64 if col == "step" else np.float64) for col in cols}
+                    for name, cols in _SUBSERIES.items()}
+        self.all_steps = Grow(np.int64)
+        self.prev_scale = np.nan
+        self.last_finite_loss = True
+        self.spike, self.divergence = SpikeScanner(segment), DivergenceScanner(segment)
+        self.scaler, self.nan = ScalerScanner(segment), NanScanner(segment)
+        self.stall, self.slowdown = StallScanner(segment), SlowdownScanner(segment)
+
+    def advance(self, cols: dict[str, np.ndarray]) -> None:
+        """Take rows ``pos .. len(cols['step'])-1`` of the segment."""
+        n, lo = len(cols["step"]), self.pos
+        if n <= lo:
+            return
+        new = {k: v[lo:n] for k, v in cols.items()}
+        self.all_steps.extend(new["step"])
+        self._route(new)
+        # Every row goes to the nan scanner; a gradient norm the scaler skipped is not a NaN incident.
+        scale = new["loss_scale"]
+        prev = np.concatenate([[self.prev_scale], scale[:-1]])
+        with np.errstate(invalid="ignore"):
+            skip = new["found_inf"] | (scale < prev)
+        if np.isfinite(scale).any():
+            self.prev_scale = float(scale[np.isfinite(scale)][-1])
+        bad = nonfinite_masks(new["loss"], new["grad_norm"], new["act_norm"], new["loss_present"],
+                              new["grad_norm_present"], new["act_norm_present"], skip)
+        self.nan.advance(bad)
+        logged = new["loss"][new["loss_present"]]
+        if len(logged):
+            self.last_finite_loss = bool(np.isfinite(logged[-1]))
+        self.pos = n
+        b = self.buf
+        self.spike.advance(b["loss"]["loss"].view, b["loss"]["grad_norm"].view)
+        self.divergence.advance(b["loss"]["loss"].view)
+        self.scaler.advance(b["scale"]["loss_scale"].view)
+        self.stall.advance(b["time"]["step"].view, b["time"]["time"].view, b["time"]["allowance"].view)
+        self.slowdown.advance(b["step_time"]["step_time"].view)
+
+    def _route(self, new: dict[str, np.ndarray]) -> None:
+        """Append the new rows to the observation series they belong to."""
+        masks = {
+            "loss": new["loss_present"],
+            "scale": new["loss_scale_present"] & np.isfinite(new["loss_scale"]),
+            "time": np.isfinite(new["time"]),
+        }
+        if new["step_time_present"].any() or self.buf["step_time"]["step"].size:
+            masks["step_time"] = np.isfinite(new["step_time"]) & (new["step_time"] > 0)
+        for name, mask in masks.items():
+            if not mask.any():
+                continue
+            if name == "time":
+                self.buf["time"]["allowance"].extend(self._allowance(new["step"][mask]))
+            for col, grow in self.buf[name].items():
+                if col != "allowance":
+                    grow.extend(new[col][mask])
+        if "step_time" not in masks:
+            self._derived_step_time(masks["time"], new)
+
+    def _allowance(self, steps: np.ndarray) -> np.ndarray:
+        """Seconds of checkpoint writing inside each interval (previous timed row, this row]."""
+        tb = self.buf["time"]["step"]
+        prev = np.concatenate([[tb.view[-1] if tb.size else np.iinfo(np.int64).min], steps[:-1]])
+        lo = np.searchsorted(self._ckpt_steps, prev, side="left")
+        hi = np.searchsorted(self._ckpt_steps, steps, side="left")
+        return self._ckpt_cum[hi] - self._ckpt_cum[lo]
+
+    def _derived_step_time(self, has_time: np.ndarray, new: dict[str, np.ndarray]) -> None:
+        """No logged step time: derive it from the wall time between observations."""
+        tb = self.buf["time"]
+        count = int(has_time.sum())
+        if not count:
+            return
+        steps, times = tb["step"].view, tb["time"].view
+        first = len(steps) - count
+        lo = max(first - 1, 0)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            per = np.diff(times[lo:]) / np.diff(steps[lo:])
+        if first == 0:
+            per = np.concatenate([[np.nan], per])
+        keep = np.isfinite(per) & (per > 0)
+        sb = self.buf["step_time"]
+        sb["step"].extend(steps[first:][keep])
+        sb["step_time"].extend(per[keep])
+
+    def findings(self) -> list[Finding]:
+        b = self.buf
+        loss = b["loss"]
+        out = self.spike.findings(loss["step"].view, loss["loss"].view, loss["grad_norm"].view)
+        out += self.divergence.findings(loss["step"].view, loss["loss"].view, loss["grad_norm"].view,
+                                        loss["act_norm"].view, loss["lr"].view)
+        out += self.scaler.findings(b["scale"]["step"].view, b["scale"]["loss_scale"].view)
+        out += self.nan.findings(self.all_steps.view, self.last_finite_loss)
+        out += self.stall.findings(b["time"]["step"].view, b["time"]["time"].view)
+        out += self.slowdown.findings(b["step_time"]["step"].view, b["step_time"]["step_time"].view)
+        return out

@@ -1,0 +1,85 @@
+"""Segments: every (re)start of training, its step range, and the steps a later resume abandoned.
+
+Also turns the store's Arrow rows into plain per-column numpy arrays (NaN for
+null, with a separate 'present' mask, because a NaN loss is data while a null
+loss means "not logged at this step").
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from runwatch.detectors.finding import SegmentInfo
+
+FLOAT_COLUMNS: tuple[str, ...] = ("time", "loss", "grad_norm", "loss_scale", "act_norm", "lr", "step_time",
+                                  "samples", "tokens")
+
+
+def segment_infos(rows: pa.Table) -> list[SegmentInfo]:
+    """Each segment's first and last step; ``abandoned_from`` = first step of the earliest later resume at or below its end."""
+    if rows.num_rows == 0:
+        return []
+    seg = rows["segment"].to_numpy(zero_copy_only=False).astype(np.int64) if "segment" in rows.column_names \
+        else np.zeros(rows.num_rows, np.int64)
+    steps = rows["step"].to_numpy(zero_copy_only=False).astype(np.int64)
+    ids = np.unique(seg)
+    first = {int(k): int(steps[seg == k].min()) for k in ids}
+    last = {int(k): int(steps[seg == k].max()) for k in ids}
+    out = []
+    for k in sorted(first):
+        later = [first[j] for j in first if j > k]
+        cut = min(later) if later else None
+        out.append(SegmentInfo(segment=k, first_step=first[k], last_step=last[k],
+                               abandoned_from=cut if cut is not None and cut <= last[k] else None))
+    return out
+
+
+def columns(table: pa.Table) -> dict[str, np.ndarray]:
+    """Plain arrays for the detectors: ``step`` (int64), floats with NaN for null, ``<name>_present`` masks, ``found_inf``."""
+    out: dict[str, np.ndarray] = {"step": table["step"].to_numpy(zero_copy_only=False).astype(np.int64)}
+    n = table.num_rows
+    for name in FLOAT_COLUMNS:
+        if name in table.column_names:
+            col = table[name]
+            out[name + "_present"] = pc.is_valid(col).to_numpy(zero_copy_only=False)
+            out[name] = pc.cast(col, pa.float64()).to_numpy(zero_copy_only=False).astype(np.float64)
+            out[name] = np.where(out[name + "_present"], out[name], np.nan)
+        else:
+            out[name], out[name + "_present"] = np.full(n, np.nan), np.zeros(n, dtype=bool)
+    if "found_inf" in table.column_names:
+        out["found_inf"] = pc.fill_null(table["found_inf"], False).to_numpy(zero_copy_only=False).astype(bool)
+    else:
+        out["found_inf"] = np.zeros(n, dtype=bool)
+    return out
+
+
+def split_segments(rows: pa.Table) -> dict[int, dict[str, np.ndarray]]:
+    """Each segment's own rows, sorted by step, as column arrays."""
+    if rows.num_rows == 0:
+        return {}
+    if "segment" not in rows.column_names:
+        rows = rows.append_column("segment", pa.array(np.zeros(rows.num_rows, np.int32)))
+    rows = rows.sort_by([("segment", "ascending"), ("step", "ascending")])
+    seg = rows["segment"].to_numpy(zero_copy_only=False).astype(np.int64)
+    bounds = np.flatnonzero(np.diff(seg)) + 1
+    starts = np.concatenate([[0], bounds])
+    stops = np.concatenate([bounds, [len(seg)]])
+    return {int(seg[a]): columns(rows.slice(int(a), int(b - a))) for a, b in zip(starts, stops)}
+
+
+def main_line(rows: pa.Table) -> dict[str, np.ndarray]:
+    """The main line (for every step, the row of the latest segment covering it), by step."""
+    if rows.num_rows == 0:
+        return columns(rows)
+    if "main" in rows.column_names:
+        rows = rows.filter(pc.fill_null(rows["main"], False))
+    else:
+        infos = {s.segment: s for s in segment_infos(rows)}
+        seg = rows["segment"].to_numpy(zero_copy_only=False) if "segment" in rows.column_names else np.zeros(rows.num_rows)
+        steps = rows["step"].to_numpy(zero_copy_only=False)
+        cut = np.array([infos[int(k)].abandoned_from if infos[int(k)].abandoned_from is not None else np.iinfo(np.int64).max
+                        for k in seg])
+        rows = rows.filter(pa.array(steps < cut))
+    return columns(rows.sort_by("step"))

@@ -1,0 +1,217 @@
+"""Loss spikes: the loss (and the gradient norm) leave their trend, then come back or not.
+
+An excursion is a run of observations more than ``Z_LOW`` robust sigmas above
+the trailing baseline (loss, or log gradient norm); it becomes an episode when
+one observation goes past ``Z_HIGH``. Onset is the first observation of that
+run, so a gradient norm that moved first (BLOOM 31214: 0.24 -> 0.95 while the
+loss barely moved) sets it. The baseline is frozen at onset; the episode ends
+when loss and gradient norm are back under the frozen band for two
+observations in a row (self-recovered) or after ``RECOVERY_WINDOW``
+observations without that (not recovered: needs action).
+
+What is deliberately not a finding: a loss excursion of a single observation
+with a quiet gradient norm (heavy-tailed per-batch noise, e.g. modded-nanogpt's
++0.5..1.5 one-step bumps), and rises under ``MIN_RISE`` of the loss level. A
+gradient-norm blip that recovers at once (llm.c steps 7435, 9025) is an 'info'
+finding that never needs action.
+
+``SpikeScanner.advance`` consumes observations incrementally; running it once
+over a whole series and running it one observation at a time give the same
+findings (the streaming guarantee).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from runwatch.detectors.finding import Finding
+from runwatch.detectors.series import TrailingBaseline, safe_log
+
+Z_LOW = 3.0
+"""Robust sigmas above baseline that count as 'out of the band' (excursion extent, recovery)."""
+Z_HIGH = 6.0
+"""Robust sigmas one observation must reach to make an excursion an episode."""
+MIN_RISE = 0.03
+"""A loss spike must rise at least 3% of the loss level: smaller is not worth a page."""
+MIN_GRAD_RATIO = 2.0
+"""A gradient-norm excursion must at least double the norm."""
+RECOVERY_WINDOW = 200
+"""Observations an episode may take to come back before it counts as not recovered."""
+
+
+class SpikeScanner:
+    """Incremental spike detection over one segment's loss and gradient-norm observations."""
+
+    def __init__(self, segment: int = 0) -> None:
+        self.segment = segment
+        self.loss_base = TrailingBaseline(rel_floor=1e-3, abs_floor=1e-12)
+        self.grad_base = TrailingBaseline(rel_floor=0.0, abs_floor=0.02)
+        self.pos = 0  # next observation to look at
+        self.floor = 0  # an excursion may not start before this (end of the last episode)
+        self.streak_start: int | None = None  # start of the elevated run that reaches pos-1
+        self.episode: dict | None = None
+        self.dead_from: int | None = None  # after an unrecovered episode: wait for the band
+        self.closed: list[tuple[dict, int, bool | None]] = []  # (episode, end index, recovered)
+
+    def advance(self, loss: np.ndarray, grad: np.ndarray) -> None:
+        """Look at every observation not seen yet; ``loss``/``grad`` are the whole series so far."""
+        n = len(loss)
+        if n <= self.pos:
+            return
+        log_grad = safe_log(grad)
+        self.loss_base.update(loss)
+        self.grad_base.update(log_grad)
+        lo = self.pos
+        z_l, z_g, rise_l, rise_g = self._scores(loss, log_grad, lo, n)
+        elevated = (z_l > Z_LOW) | (z_g > Z_LOW)
+        trigger = ((z_l > Z_HIGH) & (rise_l >= MIN_RISE)) | ((z_g > Z_HIGH) & (rise_g >= math.log(MIN_GRAD_RATIO)))
+        i = lo
+        while i < n:
+            if self.episode is not None:
+                i = self._follow_episode(loss, log_grad, i, n)
+            elif self.dead_from is not None:
+                calm = np.flatnonzero(~elevated[i - lo:])
+                if not len(calm):
+                    i = n
+                    break
+                i += int(calm[0])
+                self.dead_from, self.floor, self.streak_start = None, i, None
+            else:
+                i = self._find_trigger(elevated, trigger, lo, i, n)
+        self.pos = n
+
+    def _scores(self, loss: np.ndarray, log_grad: np.ndarray, lo: int, hi: int) -> tuple[np.ndarray, ...]:
+        base_l, scale_l = self.loss_base.at(lo, hi)
+        base_g, scale_g = self.grad_base.at(lo, hi)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            z_l = (loss[lo:hi] - base_l) / scale_l
+            rise_l = (loss[lo:hi] - base_l) / np.abs(base_l)
+            z_g = (log_grad[lo:hi] - base_g) / scale_g
+            rise_g = log_grad[lo:hi] - base_g
+        return np.nan_to_num(z_l, nan=-np.inf), np.nan_to_num(z_g, nan=-np.inf), rise_l, rise_g
+
+    def _find_trigger(self, elevated: np.ndarray, trigger: np.ndarray, lo: int, i: int, n: int) -> int:
+        """Idle: move to the next triggering observation, tracking where its elevated run began."""
+        hits = np.flatnonzero(trigger[i - lo:])
+        stop = n if not len(hits) else i + int(hits[0])
+        window = elevated[i - lo: stop - lo + (stop < n)]
+        quiet = np.flatnonzero(~window)
+        if len(quiet):
+            self.streak_start = i + int(quiet[-1]) + 1
+        elif self.streak_start is None:
+            self.streak_start = i
+        if stop == n:
+            if not elevated[n - 1 - lo]:
+                self.streak_start = None
+            return n
+        onset = max(self.streak_start, self.floor)
+        self._open_episode(onset, stop)
+        self.streak_start = None
+        return stop + 1
+
+    def _open_episode(self, onset: int, trigger: int) -> None:
+        base_l, scale_l = (float(v[0]) for v in self.loss_base.at(onset, onset + 1))
+        base_g, scale_g = (float(v[0]) for v in self.grad_base.at(onset, onset + 1))
+        if not math.isfinite(base_l):  # onset inside warm-up: judge against the trigger's baseline
+            base_l, scale_l = (float(v[0]) for v in self.loss_base.at(trigger, trigger + 1))
+        if not math.isfinite(base_g):
+            base_g, scale_g = (float(v[0]) for v in self.grad_base.at(trigger, trigger + 1))
+        self.episode = {
+            "onset": onset, "trigger": trigger, "base_loss": base_l, "scale_loss": scale_l,
+            "base_log_grad": base_g, "scale_log_grad": scale_g,
+            "loss_band": base_l + max(Z_LOW * scale_l, MIN_RISE * abs(base_l)),
+            "grad_band": base_g + max(Z_LOW * scale_g, math.log(1.5)) if math.isfinite(base_g) else math.inf,
+        }
+
+    def _ok(self, loss: np.ndarray, log_grad: np.ndarray, lo: int, hi: int) -> np.ndarray:
+        """Observations back inside the frozen band (an unmeasured gradient norm does not object)."""
+        ep = self.episode
+        grad = log_grad[lo:hi]
+        return (loss[lo:hi] <= ep["loss_band"]) & (np.isnan(grad) | (grad <= ep["grad_band"]))
+
+    def _follow_episode(self, loss: np.ndarray, log_grad: np.ndarray, i: int, n: int) -> int:
+        """In an episode: find two in-band observations in a row, or run out the window."""
+        ep = self.episode
+        t = ep["trigger"]
+        first = max(i - 1, t + 1)  # a pair may straddle the previous call
+        last = min(t + RECOVERY_WINDOW, n - 2)  # j and j+1 must both exist
+        if last >= first:
+            ok = self._ok(loss, log_grad, first, last + 2)
+            pairs = np.flatnonzero(ok[:-1] & ok[1:])
+            if len(pairs):
+                j = first + int(pairs[0])
+                self.closed.append((ep, j - 1, True))
+                self.episode, self.floor = None, j + 1
+                return j + 1
+        if n > t + RECOVERY_WINDOW + 1:
+            self.closed.append((ep, t + RECOVERY_WINDOW, False))
+            self.episode, self.dead_from = None, t + RECOVERY_WINDOW + 1
+            return t + RECOVERY_WINDOW + 1
+        return n
+
+    def findings(self, steps: np.ndarray, loss: np.ndarray, grad: np.ndarray) -> list[Finding]:
+        """Closed episodes plus the one still open (``self_recovered`` None), as findings."""
+        log_grad = safe_log(grad)
+        out = [classify(ep, end, rec, steps, loss, log_grad, self.segment) for ep, end, rec in self.closed]
+        if self.episode is not None:
+            out.append(classify(self.episode, len(loss) - 1, None, steps, loss, log_grad, self.segment))
+        return [f for f in out if f is not None]
+
+
+def classify(ep: dict, end: int, recovered: bool | None, steps: np.ndarray, loss: np.ndarray,
+             log_grad: np.ndarray, segment: int) -> Finding | None:
+    """Turn an episode into a finding, or None when it is batch noise."""
+    onset = ep["onset"]
+    span_loss, span_grad = loss[onset:end + 1], log_grad[onset:end + 1]
+    base_l, scale_l, base_g, scale_g = ep["base_loss"], ep["scale_loss"], ep["base_log_grad"], ep["scale_log_grad"]
+    finite_l = np.where(np.isfinite(span_loss), span_loss, -np.inf)
+    peak_i = int(np.argmax(finite_l))
+    peak_loss = float(finite_l[peak_i])
+    loss_spike = peak_loss > base_l + Z_HIGH * scale_l and peak_loss - base_l >= MIN_RISE * abs(base_l)
+    num_loss_out = int(np.sum(span_loss > ep["loss_band"]))
+    finite_g = np.where(np.isfinite(span_grad), span_grad, -np.inf)
+    peak_g = float(finite_g.max()) if len(finite_g) else -math.inf
+    grad_spike = math.isfinite(base_g) and peak_g > base_g + Z_HIGH * scale_g and peak_g - base_g >= math.log(MIN_GRAD_RATIO)
+    if loss_spike and num_loss_out >= 2:
+        blip = False
+    elif grad_spike:
+        blip = True
+        if not loss_spike:
+            peak_i = int(np.argmax(finite_g))
+    else:
+        return None  # a one-observation loss bump with a quiet gradient norm: batch noise
+    if blip:
+        severity, needs = ("info" if recovered is not False else "warning"), False
+    else:
+        severity = "critical" if recovered is False else "warning"
+        needs = recovered is False
+    grad_moved_first = bool(np.isfinite(span_grad[0]) and span_grad[0] > base_g + Z_LOW * scale_g
+                            and not span_loss[0] > ep["loss_band"])
+    evidence = {
+        "baseline_loss": base_l, "loss_sigma": scale_l, "peak_loss": peak_loss,
+        "loss_rise": peak_loss - base_l, "observations_out_of_band": num_loss_out,
+        "baseline_grad_norm": math.exp(base_g) if math.isfinite(base_g) else None,
+        "peak_grad_norm": math.exp(peak_g) if math.isfinite(peak_g) else None,
+        "grad_norm_moved_first": grad_moved_first, "trigger_step": int(steps[ep["trigger"]]),
+    }
+    what = "gradient-norm blip" if blip else "loss spike"
+    state = {True: "back to its pre-spike trend", False: f"not back to trend after {RECOVERY_WINDOW} observations",
+             None: "not back to trend yet"}[recovered]
+    gn = evidence["peak_grad_norm"]
+    message = (f"{what} from step {int(steps[onset])}: loss {base_l:.4g} -> {peak_loss:.4g}"
+               + (f", grad norm {evidence['baseline_grad_norm']:.3g} -> {gn:.3g}" if gn and evidence["baseline_grad_norm"] else "")
+               + (" (grad norm moved first)" if grad_moved_first else "") + f"; {state}")
+    return Finding(kind="spike", onset_step=int(steps[onset]), end_step=int(steps[end]),
+                   peak_step=int(steps[onset + peak_i]), segment=segment, severity=severity,
+                   self_recovered=recovered, needs_action=needs, evidence=evidence, message=message)
+
+
+def detect_spikes(steps: np.ndarray, loss: np.ndarray, grad: np.ndarray, segment: int = 0) -> list[Finding]:
+    """Offline: every spike in one segment's observations (rows where the loss was logged)."""
+    scanner = SpikeScanner(segment)
+    loss = np.asarray(loss, dtype=np.float64)
+    grad = np.asarray(grad, dtype=np.float64)
+    scanner.advance(loss, grad)
+    return scanner.findings(np.asarray(steps), loss, grad)
