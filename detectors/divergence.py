@@ -2,8 +2,8 @@
 
 Judged on completed blocks of loss observations (robust block medians), so
 batch noise, evaluation noise and single spikes do not move it: divergence is
-confirmed at a block whose median is above the previous block's, which is
-above the one before, and which sits at least ``MIN_RISE`` of the loss level
+confirmed at a block whose median is above each of the three blocks before
+it in turn (three rises in a row), most of whose observations are high, and which sits at least ``MIN_RISE`` of the loss level
 and ``Z_RISE`` per-observation sigmas above the best level reached so far.
 Onset is the observation after the last one at or below that best level, i.e.
 where the climb began. The loss falling back near its best level ends it
@@ -23,6 +23,8 @@ from runwatch.detectors.series import BLOCK, MAD_TO_SIGMA, MIN_BLOCKS, TrailingB
 
 MIN_RISE = 0.05
 Z_RISE = 3.0
+SUSTAINED = 0.75
+"""Fraction of the confirming block that must sit above the best level plus half the rise threshold."""
 MAX_ONSET_WINDOW = 512
 """Observations searched for where the climb began (bounds the one-off O(m^2) fit)."""
 
@@ -83,10 +85,13 @@ class DivergenceScanner:
         if self.best is None or m < self.best[0]:
             self.best = (float(m), b, MAD_TO_SIGMA * float(mad[b]))
             return
-        if b < MIN_BLOCKS or b - self.best[1] < 2:
+        if b < MIN_BLOCKS + 1 or b - self.best[1] < 3:
             return
-        climbing = med[b] > med[b - 1] > med[b - 2]
-        if climbing and m - self.best[0] >= self._threshold():
+        climbing = med[b] > med[b - 1] > med[b - 2] > med[b - 3]
+        # Sustained, not a few bumps dragging a median: most of the last block is well above the best level.
+        last = loss[b * BLOCK:(b + 1) * BLOCK]
+        sustained = np.mean(last > self.best[0] + 0.5 * self._threshold()) >= SUSTAINED
+        if climbing and sustained and m - self.best[0] >= self._threshold():
             start, stop = max(self.best[1] * BLOCK, (b + 1) * BLOCK - MAX_ONSET_WINDOW), (b + 1) * BLOCK
             onset = start + hinge_onset(loss[start:stop])
             self.episode = {"onset": onset, "confirm": stop - 1, "best": self.best}

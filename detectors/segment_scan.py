@@ -54,14 +54,15 @@ class SegmentDetectors:
             return
         new = {k: v[lo:n] for k, v in cols.items()}
         self.all_steps.extend(new["step"])
-        self._route(new)
-        # Every row goes to the nan scanner; a gradient norm the scaler skipped is not a NaN incident.
+        # A step the fp16 scaler skipped (found_inf, or the scale halved there) ran no optimizer
+        # step: its inf gradient norm is not a NaN incident and its time is not a normal step time.
         scale = new["loss_scale"]
         prev = np.concatenate([[self.prev_scale], scale[:-1]])
         with np.errstate(invalid="ignore"):
             skip = new["found_inf"] | (scale < prev)
         if np.isfinite(scale).any():
             self.prev_scale = float(scale[np.isfinite(scale)][-1])
+        self._route(new, skip)
         bad = nonfinite_masks(new["loss"], new["grad_norm"], new["act_norm"], new["loss_present"],
                               new["grad_norm_present"], new["act_norm_present"], skip)
         self.nan.advance(bad)
@@ -76,7 +77,7 @@ class SegmentDetectors:
         self.stall.advance(b["time"]["step"].view, b["time"]["time"].view, b["time"]["allowance"].view)
         self.slowdown.advance(b["step_time"]["step_time"].view)
 
-    def _route(self, new: dict[str, np.ndarray]) -> None:
+    def _route(self, new: dict[str, np.ndarray], skip: np.ndarray) -> None:
         """Append the new rows to the observation series they belong to."""
         masks = {
             "loss": new["loss_present"],
@@ -84,7 +85,7 @@ class SegmentDetectors:
             "time": np.isfinite(new["time"]),
         }
         if new["step_time_present"].any() or self.buf["step_time"]["step"].size:
-            masks["step_time"] = np.isfinite(new["step_time"]) & (new["step_time"] > 0)
+            masks["step_time"] = np.isfinite(new["step_time"]) & (new["step_time"] > 0) & ~skip
         for name, mask in masks.items():
             if not mask.any():
                 continue
@@ -94,7 +95,7 @@ class SegmentDetectors:
                 if col != "allowance":
                     grow.extend(new[col][mask])
         if "step_time" not in masks:
-            self._derived_step_time(masks["time"], new)
+            self._derived_step_time(masks["time"], skip[masks["time"]])
 
     def _allowance(self, steps: np.ndarray) -> np.ndarray:
         """Seconds of checkpoint writing inside each interval (previous timed row, this row]."""
@@ -104,7 +105,7 @@ class SegmentDetectors:
         hi = np.searchsorted(self._ckpt_steps, steps, side="left")
         return self._ckpt_cum[hi] - self._ckpt_cum[lo]
 
-    def _derived_step_time(self, has_time: np.ndarray, new: dict[str, np.ndarray]) -> None:
+    def _derived_step_time(self, has_time: np.ndarray, skipped: np.ndarray) -> None:
         """No logged step time: derive it from the wall time between observations."""
         tb = self.buf["time"]
         count = int(has_time.sum())
@@ -117,7 +118,7 @@ class SegmentDetectors:
             per = np.diff(times[lo:]) / np.diff(steps[lo:])
         if first == 0:
             per = np.concatenate([[np.nan], per])
-        keep = np.isfinite(per) & (per > 0)
+        keep = np.isfinite(per) & (per > 0) & ~skipped
         sb = self.buf["step_time"]
         sb["step"].extend(steps[first:][keep])
         sb["step_time"].extend(per[keep])

@@ -86,8 +86,8 @@ class TrailingBaseline:
     series does not make every rounding error an infinite z-score.
     """
 
-    def __init__(self, rel_floor: float, abs_floor: float) -> None:
-        self.rel_floor, self.abs_floor = rel_floor, abs_floor
+    def __init__(self, rel_floor: float, abs_floor: float, block: int = BLOCK) -> None:
+        self.rel_floor, self.abs_floor, self.block = rel_floor, abs_floor, block
         self.med, self.mad = Grow(), Grow()
         self.base_of, self.scale_of = Grow(), Grow()
         self.base_of.append(np.nan)  # block 0 has no history
@@ -99,10 +99,11 @@ class TrailingBaseline:
 
     def update(self, values: np.ndarray) -> None:
         """Absorb every block of ``values`` (the whole series so far) completed since the last call."""
-        done, ready = self.med.size, len(values) // BLOCK
+        block = self.block
+        done, ready = self.med.size, len(values) // block
         if ready <= done:
             return
-        med, mad = block_stats(values[done * BLOCK: ready * BLOCK].reshape(-1, BLOCK))
+        med, mad = block_stats(values[done * block: ready * block].reshape(-1, block))
         self.med.extend(med)
         self.mad.extend(mad)
         # Baselines for blocks done+1 .. ready (each uses the blocks before it).
@@ -125,7 +126,7 @@ class TrailingBaseline:
 
     def at(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
         """Baseline and scale for observations lo..hi-1 (their blocks must have a baseline)."""
-        blocks = np.arange(lo, hi) // BLOCK
+        blocks = np.arange(lo, hi) // self.block
         return self.base_of.view[blocks], self.scale_of.view[blocks]
 
 

@@ -31,6 +31,7 @@ MIN_SLOWDOWN = 0.04
 Z_SLOW = 6.0
 MIN_SLOW_OBS = 3
 WARN_SLOWDOWN = 0.25
+SLOW_BLOCK = 4
 
 
 def step_times(steps: np.ndarray, times: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -122,7 +123,9 @@ class SlowdownScanner:
     def __init__(self, segment: int = 0) -> None:
         self.segment = segment
         self.pos = 0
-        self.base = TrailingBaseline(rel_floor=0.005, abs_floor=1e-9)
+        # Small blocks: step time is often logged sparsely (every 100 steps), and a
+        # slowdown early in the run (Megatron golden run, steps 2100-2300) must not fall in warm-up.
+        self.base = TrailingBaseline(rel_floor=0.005, abs_floor=1e-9, block=SLOW_BLOCK)
         self.run_start: int | None = None
         self.episode: dict | None = None
         self.closed: list[tuple[dict, int, bool | None]] = []

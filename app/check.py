@@ -1,0 +1,104 @@
+"""``runwatch check``: judge one run from the store and say what to do, for a human or a script.
+
+Human-readable by default (health first, then findings, then the rollback
+with a copyable resume hint); ``--json`` prints exactly one strict JSON object.
+Exit status: 0 healthy or only findings that need no action, 1 when an open
+finding needs action (or the run is stalled), 2 for usage and data errors.
+This module does the I/O the pure detectors must not: reading the store,
+checking which checkpoint files still exist, and the clock.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from runwatch.data.store import Store
+from runwatch.detectors.advisor import checkpoints_from_events
+from runwatch.detectors.analysis import Report, analyze
+
+EXIT_OK, EXIT_ACTION, EXIT_USAGE = 0, 1, 2
+
+
+def present_checkpoint_paths(root: Path, checkpoints: list[dict]) -> set[str] | None:
+    """Checkpoint paths found on this machine (absolute, or relative to the root or cwd).
+
+    None when none of them is here at all: the run was trained (or imported)
+    elsewhere, so absence proves nothing and the advisor must not call every
+    checkpoint deleted.
+    """
+    paths = {c["path"] for c in checkpoints if isinstance(c.get("path"), str)}
+    found = {p for p in paths if os.path.exists(p) or (root / p).exists()}
+    return found if found else None
+
+
+def is_live(meta: dict) -> bool:
+    """A run still being recorded (not an archived import, not closed as finished) can stall."""
+    source = str(meta.get("source") or "")
+    return not source.startswith("import") and not meta.get("finished")
+
+
+def run_check(root: str | Path, run: str, now: float | None = None) -> Report:
+    """Analyze one run of the store (rank 0, or the lowest rank present)."""
+    root = Path(root)
+    with Store(root) as store:
+        if not store.has_run(run):
+            known = ", ".join(store.run_names()) or "none"
+            raise ValueError(f"unknown run {run!r} under {root} (runs there: {known})")
+        ranks = store.ranks(run)
+        rows = store.rows(run, rank=0 if 0 in ranks else ranks[0])
+        events = store.events(run)
+        meta = store.meta(run)
+    present = present_checkpoint_paths(root, checkpoints_from_events(events))
+    live_now = (time.time() if now is None else now) if is_live(meta) else None
+    return analyze(rows, events, now=live_now, present_paths=present)
+
+
+def exit_code(report: Report) -> int:
+    return EXIT_ACTION if report.health in ("action needed", "stalled") else EXIT_OK
+
+
+def format_report(run: str, report: Report) -> str:
+    """The 3 a.m. view: one health line, what happened, what to do."""
+    lines = [f"{run}: {report.health.upper()}"]
+    open_ = [f for f in report.findings if f.open]
+    history = [f for f in report.findings if not f.open]
+    if not report.findings:
+        lines.append("no findings")
+    for title, group in (("open", open_), ("history", history)):
+        if group:
+            lines.append(f"{title}:")
+        for f in group:
+            flag = "ACTION" if f.needs_action and f.open else f.severity
+            lines.append(f"  [{flag}] {f.kind} seg {f.segment} steps {f.onset_step}-{f.end_step}: {f.message}")
+    rb = report.rollback
+    if rb is not None:
+        lines.append("what to do:")
+        lines.extend(f"  - {a}" for a in rb.actions)
+        lines.append(f"  why: {rb.reason}")
+        if rb.checkpoint_missing:
+            lines.append("  note: the right checkpoint is gone (or none qualifies); see why")
+        hint = rb.evidence.get("resume_hint")
+        if hint:
+            lines.append(f"  resume: {hint}")
+    elif report.health == "stalled":
+        lines.append("what to do: check the job (hung collective, dead node, full disk); no rollback needed")
+    lines.append("segments: " + ", ".join(
+        f"{s.segment} [{s.first_step}-{s.last_step}"
+        + (f", abandoned from {s.abandoned_from}]" if s.abandoned_from is not None else "]")
+        for s in report.segments))
+    return "\n".join(lines)
+
+
+def main(args: argparse.Namespace) -> int:
+    """Entry point of ``runwatch check``; ValueError/OSError/RuntimeError become exit 2 in the CLI."""
+    report = run_check(args.root, args.run)
+    if args.json:
+        sys.stdout.write(json.dumps(report.to_dict(args.run), allow_nan=False) + "\n")
+    else:
+        print(format_report(args.run, report))
+    return exit_code(report)

@@ -1,0 +1,124 @@
+"""Streaming analysis: the same detectors, fed one row at a time for a live run.
+
+``StreamingAnalyzer.update(row)`` appends the row to its segment's column
+buffers (amortized O(1)) and advances that segment's ``SegmentDetectors`` over
+just the new observation; ``report()`` assembles findings, segments, health and
+rollback advice exactly as ``analyze`` does. Because both paths run the same
+scanners, streaming and offline give the same findings on the same rows.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+
+import numpy as np
+import pyarrow as pa
+
+from runwatch.detectors.advisor import checkpoints_from_events
+from runwatch.detectors.analysis import Report, assemble, checkpoint_seconds
+from runwatch.detectors.finding import Finding, SegmentInfo
+from runwatch.detectors.segment_scan import SegmentDetectors
+from runwatch.detectors.segments import FLOAT_COLUMNS
+from runwatch.detectors.series import Grow
+
+
+class _SegmentBuffer:
+    """Column buffers of one segment's rows, in arrival order."""
+
+    def __init__(self, segment: int, seconds: dict[int, float]) -> None:
+        self.detectors = SegmentDetectors(segment, seconds)
+        self.cols: dict[str, Grow] = {"step": Grow(np.int64), "found_inf": Grow(np.bool_)}
+        for name in FLOAT_COLUMNS:
+            self.cols[name] = Grow(np.float64)
+            self.cols[name + "_present"] = Grow(np.bool_)
+
+    def append(self, row: Mapping[str, object]) -> None:
+        self.cols["step"].append(int(row["step"]))
+        self.cols["found_inf"].append(bool(row.get("found_inf") or False))
+        for name in FLOAT_COLUMNS:
+            value = row.get(name)
+            present = value is not None
+            self.cols[name].append(float(value) if present else math.nan)
+            self.cols[name + "_present"].append(present)
+
+    def views(self) -> dict[str, np.ndarray]:
+        return {k: g.view for k, g in self.cols.items()}
+
+
+class StreamingAnalyzer:
+    """Live findings for one run (one rank), updated row by row."""
+
+    def __init__(self, events: pa.Table | list[dict] | None = None) -> None:
+        self._events: list[dict] = []
+        self._segments: dict[int, _SegmentBuffer] = {}
+        self._current: int | None = None
+        for ev in (events.to_pylist() if isinstance(events, pa.Table) else events or []):
+            self.add_event(ev)
+
+    def add_event(self, event: Mapping[str, object]) -> None:
+        """A checkpoint (or note) event; checkpoint write times count from segments started after it."""
+        payload = event.get("payload")
+        if not isinstance(payload, str):
+            payload = json.dumps(payload if isinstance(payload, Mapping) else
+                                 {k: v for k, v in event.items() if k not in ("event", "step", "time", "segment", "rank")})
+        self._events.append({"segment": event.get("segment"), "rank": event.get("rank", 0), "event": event["event"],
+                             "step": int(event["step"]), "time": event.get("time"), "payload": payload})
+
+    def _checkpoints(self) -> list[dict]:
+        return checkpoints_from_events(pa.Table.from_pylist(self._events) if self._events else None)
+
+    def update(self, row: Mapping[str, object]) -> None:
+        """One metrics row (the record's keys; None or missing = not logged). A ``segment`` key, or a
+        step that does not advance, starts a new segment."""
+        segment = row.get("segment")
+        if segment is None:
+            segment = self._current if self._current is not None else 0
+            buf = self._segments.get(segment)
+            if buf is not None and buf.cols["step"].size and int(row["step"]) <= buf.cols["step"].view[-1]:
+                segment += 1
+        segment = int(segment)
+        if segment not in self._segments:
+            self._segments[segment] = _SegmentBuffer(segment, checkpoint_seconds(self._checkpoints()))
+        self._current = segment
+        buf = self._segments[segment]
+        buf.append(row)
+        buf.detectors.advance(buf.views())
+
+    def raw_findings(self) -> list[Finding]:
+        out: list[Finding] = []
+        for seg in sorted(self._segments):
+            out.extend(self._segments[seg].detectors.findings())
+        return out
+
+    def segments(self) -> list[SegmentInfo]:
+        firsts = {k: int(b.cols["step"].view.min()) for k, b in self._segments.items() if b.cols["step"].size}
+        out = []
+        for k in sorted(firsts):
+            last = int(self._segments[k].cols["step"].view.max())
+            later = [firsts[j] for j in firsts if j > k]
+            cut = min(later) if later else None
+            out.append(SegmentInfo(k, firsts[k], last, cut if cut is not None and cut <= last else None))
+        return out
+
+    def main_line(self) -> dict[str, np.ndarray]:
+        """For every step, the row of the latest segment covering it (as ``Store.rows``'s ``main``)."""
+        infos = self.segments()
+        parts = []
+        for info in infos:
+            views = self._segments[info.segment].views()
+            later = [s.first_step for s in infos if s.segment > info.segment]
+            keep = views["step"] < min(later) if later else np.ones(len(views["step"]), bool)
+            parts.append({k: v[keep] for k, v in views.items()})
+        if not parts:
+            return _SegmentBuffer(0, {}).views()
+        merged = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+        order = np.argsort(merged["step"], kind="stable")
+        return {k: v[order] for k, v in merged.items()}
+
+    def report(self, now: float | None = None, present_paths: set[str] | None = None) -> Report:
+        return assemble(self.raw_findings(), self.segments(), self.main_line(), self._checkpoints(), now, present_paths)
+
+    def findings(self, now: float | None = None) -> list[Finding]:
+        return self.report(now).findings
