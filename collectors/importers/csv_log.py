@@ -9,6 +9,7 @@ not shadow the standard library's ``csv``.
 
 from __future__ import annotations
 
+import csv
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -39,10 +40,10 @@ def read_csv_strings(path: Path) -> pa.Table:
     try:
         with open(path, "rb") as f:
             header = f.readline().decode("utf-8", errors="replace")
-        names = next(iter(__import__("csv").reader([header])), [])
+        names = next(iter(csv.reader([header.rstrip("\r\n").replace("\r", " ")])), [])
         opts = pacsv.ConvertOptions(column_types={n: pa.string() for n in names}, strings_can_be_null=False)
         return pacsv.read_csv(path, convert_options=opts)
-    except pa.ArrowInvalid as err:
+    except (pa.ArrowInvalid, csv.Error) as err:
         m = re.search(r"[Rr]ow #(\d+)", str(err))
         raise LogFormatError(path, int(m.group(1)) if m else None, f"expected a well-formed CSV row ({err})") from None
 

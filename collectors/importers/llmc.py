@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 
 from runwatch.collectors.importers.base import LogFormatError, ParsedLog
 from runwatch.collectors.importers.textlog import (
-    NUMBER_RE, build_table, first_bad, merge_same_step, parse_each, read_lines, to_float, to_int,
+    NUMBER_RE, build_table, pick, first_bad, merge_same_step, parse_each, read_lines, to_float, to_int,
 )
 
 _STEP_LINE = r"^s:\d"
@@ -37,14 +37,9 @@ def sniff(head: str) -> bool:
 
 
 def parse_file(path: Path, skip_bad_lines: bool) -> ParsedLog:
-    lines = read_lines(path)
-    is_step = pc.fill_null(pc.match_substring_regex(lines, _STEP_LINE), False).to_numpy(zero_copy_only=False)
-    idx = np.flatnonzero(is_step)
+    idx, sub, parts, ok = pick(read_lines(path), "s:", _STEP_LINE, _LINE)
     if not len(idx):
         raise LogFormatError(path, None, "no llm.c step lines ('s:N trl:...') found")
-    sub = lines.take(pa.array(idx))
-    parts = pc.extract_regex(sub, _LINE)
-    ok = pc.is_valid(parts).to_numpy(zero_copy_only=False)
     # A step line with no value at all (``s:5``) is as malformed as one that does not match.
     has_value = np.zeros(len(idx), dtype=bool)
     for key in _FIELDS:

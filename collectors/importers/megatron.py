@@ -30,7 +30,7 @@ from runwatch.collectors.importers.base import LogFormatError, ParsedLog
 from runwatch.collectors.importers.megatron_fields import (
     fields_to_columns, find_events,
 )
-from runwatch.collectors.importers.textlog import build_table, merge_same_step, parse_each, read_lines
+from runwatch.collectors.importers.textlog import build_table, merge_same_step, parse_each, read_lines, select
 
 _PREFIX = r"^\s*(?:\[default(?P<rank>\d+)\]:)?\s*"
 ITERATION_START = _PREFIX + r"iteration\s+[^\s=(,]+\s*/"
@@ -67,8 +67,8 @@ def _rejoin(lines: pa.Array, idx: np.ndarray) -> tuple[list[str], np.ndarray]:
     return texts, idx
 
 
-def _matching(lines: pa.Array, pattern: str) -> np.ndarray:
-    return np.flatnonzero(pc.fill_null(pc.match_substring_regex(lines, pattern), False).to_numpy(zero_copy_only=False))
+def _matching(lines: pa.Array, literal: str | list[str], pattern: str | None = None) -> np.ndarray:
+    return select(lines, literal, pattern)
 
 
 def _parse_kind(texts: pa.Array, idx: np.ndarray, pattern: str, path: Path, skip: bool,
@@ -90,15 +90,15 @@ def _parse_kind(texts: pa.Array, idx: np.ndarray, pattern: str, path: Path, skip
 
 def parse_file(path: Path, skip_bad_lines: bool) -> ParsedLog:
     lines = read_lines(path)
-    it_idx = _matching(lines, ITERATION_START)
+    it_idx = _matching(lines, "iteration", ITERATION_START)
     if not len(it_idx):
         raise LogFormatError(path, None, f"no megatron iteration lines ('iteration N/ M | ...') found in {path}")
     texts, it_idx = _rejoin(lines, it_idx)
     train, it_idx, num_skipped = _parse_kind(pa.array(texts, pa.string()), it_idx, _ITERATION, path,
                                              skip_bad_lines, "")
-    val_idx = _matching(lines, VALID_START)
+    val_idx = _matching(lines, "loss at iteration", VALID_START)
     val, val_idx, num_bad_val = _parse_kind(lines.take(pa.array(val_idx)), val_idx, _VALID, path, skip_bad_lines, "val_")
-    _mark_overflows(train, it_idx, _matching(lines, r"OVERFLOW!|Overflow detected"))
+    _mark_overflows(train, it_idx, _matching(lines, ["OVERFLOW!", "Overflow detected"]))
     tables = [build_table(c) for c, i in ((train, it_idx), (val, val_idx)) if len(i)]
     table = pa.concat_tables(tables, promote_options="permissive") if tables else build_table({"step": pa.array([], pa.int64())})
     line_idx = np.concatenate([it_idx, val_idx])

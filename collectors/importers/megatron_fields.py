@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from runwatch.collectors.importers.base import LogFormatError
-from runwatch.collectors.importers.textlog import NUMBER_RE, sanitize_name, to_int
+from runwatch.collectors.importers.textlog import NUMBER_RE, sanitize_name, select, to_int
 
 # Field keys with all whitespace removed (hard-wrapping can drop or keep a space) -> (column, scale).
 TRAIN_KEYS: dict[str, tuple[str, float]] = {
@@ -76,10 +76,12 @@ def fields_to_columns(parts: pa.StructArray, idx: np.ndarray, path: Path, skip: 
     floats = pc.cast(pc.if_else(pa.array(ok), values, pa.scalar("nan")), pa.float64()).to_numpy(zero_copy_only=False)
     columns: dict[str, np.ndarray] = {}
     valid: dict[str, np.ndarray] = {}
-    uniq = pc.unique(pc.filter(norm, pa.array(ok))).to_pylist()
-    norm_np = norm.to_numpy(zero_copy_only=False)
-    for key in uniq:
-        sel = ok & (norm_np == key)
+    encoded = pc.dictionary_encode(norm)
+    codes = pc.fill_null(encoded.indices, -1).to_numpy(zero_copy_only=False)
+    for code, key in enumerate(encoded.dictionary.to_pylist()):
+        sel = ok & (codes == code)
+        if key is None or not sel.any():
+            continue
         raw = keys.filter(pa.array(sel))[0].as_py()
         name, scale = _column_name(key, " ".join(raw.split()), prefix)
         col = columns.setdefault(name, np.full(n, np.nan))
@@ -91,7 +93,7 @@ def fields_to_columns(parts: pa.StructArray, idx: np.ndarray, path: Path, skip: 
         out[name] = pa.array(col, mask=~valid[name])
     for name in _INT_COLUMNS:
         if name in out:
-            out[name] = to_int(pc.cast(out[name], pa.string()), idx + 1, path, name)
+            out[name] = _as_int(out[name], idx, path, name)
     if "skipped_iterations" in out:
         out["found_inf"] = pc.greater(out["skipped_iterations"], 0.0)
     rank = parts.field("rank")
@@ -101,19 +103,30 @@ def fields_to_columns(parts: pa.StructArray, idx: np.ndarray, path: Path, skip: 
     return {k: v.filter(mask) for k, v in out.items()}, good
 
 
-def _matches(lines: pa.Array, pattern: str) -> tuple[np.ndarray, pa.StructArray]:
-    sel = pc.fill_null(pc.match_substring_regex(lines, pattern), False).to_numpy(zero_copy_only=False)
-    idx = np.flatnonzero(sel)
+def _as_int(values: pa.Array, idx: np.ndarray, path: Path, name: str) -> pa.Array:
+    """Counters (consumed samples/tokens) must be whole numbers."""
+    arr = values.to_numpy(zero_copy_only=False)
+    valid = pc.is_valid(values).to_numpy(zero_copy_only=False)
+    with np.errstate(invalid="ignore"):
+        bad = valid & (~np.isfinite(arr) | (arr != np.floor(arr)) | (np.abs(arr) > 2**62))
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise LogFormatError(path, int(idx[i]) + 1, f"expected an integer for {name!r}, got {arr[i]!r}")
+    return pc.cast(values, pa.int64())
+
+
+def _matches(lines: pa.Array, literal: str, pattern: str) -> tuple[np.ndarray, pa.StructArray]:
+    idx = select(lines, literal, pattern)
     return idx, pc.extract_regex(lines.take(pa.array(idx)), pattern)
 
 
 def find_events(lines: pa.Array, row_lines: np.ndarray) -> tuple[list[dict], set[int]]:
     """Checkpoint saves and loads; ``row_lines`` are the line indices of the metric rows."""
     found: list[tuple[int, dict]] = []
-    idx, parts = _matches(lines, r"(?:^|\s)saving checkpoint at iteration\s+(?P<step>\d+)\s+to\s+(?P<path>\S+)")
+    idx, parts = _matches(lines, "saving checkpoint", r"(?:^|\s)saving checkpoint at iteration\s+(?P<step>\d+)\s+to\s+(?P<path>\S+)")
     for i, p in zip(idx, parts.to_pylist()):
         found.append((int(i), {"event": "checkpoint", "step": int(p["step"]), "path": p["path"]}))
-    idx, parts = _matches(lines, r"Saving model checkpoint:\s+(?P<path>\S*global_step(?P<step>\d+)\S*)")
+    idx, parts = _matches(lines, "Saving model checkpoint", r"Saving model checkpoint:\s+(?P<path>\S*global_step(?P<step>\d+)\S*)")
     by_step = {ev["step"]: ev for _, ev in found}
     for i, p in zip(idx, parts.to_pylist()):
         step = int(p["step"])
@@ -123,13 +136,13 @@ def find_events(lines: pa.Array, row_lines: np.ndarray) -> tuple[list[dict], set
             by_step[step] = {"event": "checkpoint", "step": step, "path": p["path"]}
             found.append((int(i), by_step[step]))
     found.sort(key=lambda x: x[0])
-    idx, parts = _matches(lines, r"save-checkpoint:\s*(?P<ms>[0-9.]+)")
+    idx, parts = _matches(lines, "save-checkpoint", r"save-checkpoint:\s*(?P<ms>[0-9.]+)")
     for i, p in zip(idx, parts.to_pylist()):
         before = [ev for line, ev in found if line < i]
         if before:
             before[-1]["write_seconds"] = float(p["ms"]) / 1000.0
     breaks: set[int] = set()
-    idx, parts = _matches(lines, r"loaded checkpoint from\s+(?P<path>\S+).*?at iteration\s+(?P<step>\d+)")
+    idx, parts = _matches(lines, "loaded checkpoint", r"loaded checkpoint from\s+(?P<path>\S+).*?at iteration\s+(?P<step>\d+)")
     for i, p in zip(idx, parts.to_pylist()):
         pos = int(np.searchsorted(row_lines, i))
         found.append((int(i), {"event": "resume", "step": int(p["step"]), "path": p["path"]}))

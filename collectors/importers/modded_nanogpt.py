@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 
 from runwatch.collectors.importers.base import LogFormatError, ParsedLog
 from runwatch.collectors.importers.textlog import (
-    NUMBER_RE, build_table, first_bad, merge_same_step, parse_each, read_lines, to_float, to_int,
+    NUMBER_RE, build_table, pick, first_bad, merge_same_step, parse_each, read_lines, to_float, to_int,
 )
 
 _STEP_LINE = r"^step:\d"
@@ -56,13 +56,9 @@ def _step_time(steps: np.ndarray, train_s: np.ndarray, is_train: np.ndarray) -> 
 
 
 def parse_file(path: Path, skip_bad_lines: bool) -> ParsedLog:
-    lines = read_lines(path)
-    idx = np.flatnonzero(pc.fill_null(pc.match_substring_regex(lines, _STEP_LINE), False).to_numpy(zero_copy_only=False))
+    idx, sub, parts, ok = pick(read_lines(path), "step:", _STEP_LINE, _LINE)
     if not len(idx):
         raise LogFormatError(path, None, "no modded-nanogpt step lines ('step:N/M train_loss:...') found")
-    sub = lines.take(pa.array(idx))
-    parts = pc.extract_regex(sub, _LINE)
-    ok = pc.is_valid(parts).to_numpy(zero_copy_only=False)
     num_skipped = 0
     bad = first_bad(~ok)
     if bad is not None:
