@@ -29,6 +29,33 @@ MAX_ONSET_WINDOW = 512
 """Observations searched for where the climb began (bounds the one-off O(m^2) fit)."""
 
 
+def _fit_sse(y: np.ndarray) -> tuple[float, float]:
+    """Least-squares error of the best jump (flat, flat) and best ramp (flat, then linear) fits."""
+    m = len(y)
+    t = np.arange(m, dtype=np.float64)
+    knots = np.arange(1, m - 1)
+    # Jump at k: two means.
+    csum, csq = np.cumsum(y), np.cumsum(y * y)
+    left_n, right_n = knots, m - knots
+    left_s, right_s = csum[knots - 1], csum[-1] - csum[knots - 1]
+    sse_jump = (csq[-1] - left_s ** 2 / left_n - right_s ** 2 / right_n).min()
+    # Ramp from k: intercept + slope * max(0, t - k).
+    h = np.maximum(t[None, :] - knots[:, None], 0.0)
+    hc, yc = h - h.mean(axis=1, keepdims=True), y - y.mean()
+    slope = (hc @ yc) / np.maximum((hc * hc).sum(axis=1), 1e-300)
+    sse_ramp = ((yc[None, :] - slope[:, None] * hc) ** 2).sum(axis=1).min()
+    return float(sse_jump), float(sse_ramp)
+
+
+def ramp_beats_jump(block_medians: np.ndarray) -> bool:
+    """True when the block medians since the best level look like a climb rather than one step up."""
+    y = block_medians[np.isfinite(block_medians)]
+    if len(y) < 4:
+        return False
+    sse_jump, sse_ramp = _fit_sse(y)
+    return sse_ramp < sse_jump
+
+
 def hinge_onset(values: np.ndarray) -> int:
     """Index where a flat-then-rising (hinge) least-squares fit puts the start of the climb.
 
@@ -87,7 +114,9 @@ class DivergenceScanner:
             return
         if b < MIN_BLOCKS + 1 or b - self.best[1] < 3:
             return
-        climbing = med[b] > med[b - 1] > med[b - 2] > med[b - 3]
+        # Three rises in a row, and a ramp explains the blocks since the best level better than
+        # a single jump does: a loss that jumped once and stays flat is an unrecovered spike.
+        climbing = med[b] > med[b - 1] > med[b - 2] > med[b - 3] and ramp_beats_jump(med[max(self.best[1], b - 32):b + 1])
         # Sustained, not a few bumps dragging a median: most of the last block is well above the best level.
         last = loss[b * BLOCK:(b + 1) * BLOCK]
         sustained = np.mean(last > self.best[0] + 0.5 * self._threshold()) >= SUSTAINED

@@ -9,8 +9,8 @@ when loss and gradient norm are back under the frozen band for two
 observations in a row (self-recovered) or after ``RECOVERY_WINDOW``
 observations without that (not recovered: needs action).
 
-What is deliberately not a finding: a loss excursion with only one observation
-beyond ``Z_HIGH`` and a quiet gradient norm (heavy-tailed per-batch noise, e.g. modded-nanogpt's
+What is deliberately not a finding: a loss excursion with fewer than
+``MIN_FAR_OUT`` observations beyond ``Z_HIGH`` and a quiet gradient norm (heavy-tailed per-batch noise, e.g. modded-nanogpt's
 +0.5..1.5 one-step bumps), and rises under ``MIN_RISE`` of the loss level. A
 gradient-norm blip that recovers at once (llm.c steps 7435, 9025) is an 'info'
 finding that never needs action.
@@ -37,6 +37,8 @@ MIN_RISE = 0.03
 """A loss spike must rise at least 3% of the loss level: smaller is not worth a page."""
 MIN_GRAD_RATIO = 4.0
 """A gradient-norm excursion must at least quadruple the norm: real runs (llm.c) have many 2-3x blips."""
+MIN_FAR_OUT = 3
+"""Observations beyond ``Z_HIGH`` a loss spike needs; fewer (with a quiet gradient norm) is batch noise."""
 RECOVERY_WINDOW = 200
 """Observations an episode may take to come back before it counts as not recovered."""
 
@@ -171,13 +173,13 @@ def classify(ep: dict, end: int, recovered: bool | None, steps: np.ndarray, loss
     peak_loss = float(finite_l[peak_i])
     loss_spike = peak_loss > base_l + Z_HIGH * scale_l and peak_loss - base_l >= MIN_RISE * abs(base_l)
     num_loss_out = int(np.sum(span_loss > ep["loss_band"]))
-    # Heavy-tailed batch noise makes one huge observation and a tail inside a few sigmas;
-    # a real spike keeps the loss far out for at least two observations.
+    # Heavy-tailed batch noise makes one huge observation (now and then two in a row) and a
+    # tail inside a few sigmas; a real spike keeps the loss far out for several observations.
     num_loss_high = int(np.sum(span_loss > base_l + Z_HIGH * scale_l))
     finite_g = np.where(np.isfinite(span_grad), span_grad, -np.inf)
     peak_g = float(finite_g.max()) if len(finite_g) else -math.inf
     grad_spike = math.isfinite(base_g) and peak_g > base_g + Z_HIGH * scale_g and peak_g - base_g >= math.log(MIN_GRAD_RATIO)
-    if loss_spike and num_loss_high >= 2:
+    if loss_spike and num_loss_high >= MIN_FAR_OUT:
         blip = False
     elif grad_spike:
         blip = True

@@ -1,0 +1,137 @@
+"""Divergence, scaler collapse, NaN, stall and slowdown on synthetic series: positives, onsets, negatives."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from runwatch.detectors.divergence import detect_divergence
+from runwatch.detectors.nan import detect_nan, nonfinite_masks
+from runwatch.detectors.scaler_collapse import detect_scaler_collapse
+from runwatch.detectors.stall import detect_slowdowns, detect_stalls, live_stall
+from tests.detectors.synth import grad_curve, loss_curve
+
+N = 2000
+
+
+def test_divergence_onset_and_evidence() -> None:
+    steps = np.arange(N)
+    loss, grad, act = loss_curve(N), grad_curve(N), np.full(N, 10.0)
+    loss[1200:] += np.linspace(0, 3, N - 1200)
+    grad[1200:] *= np.linspace(1, 4, N - 1200)
+    act[1200:] *= np.linspace(1, 2, N - 1200)
+    [f] = detect_divergence(steps, loss, grad, act, np.full(N, 3e-4))
+    assert f.kind == "divergence" and f.needs_action and f.self_recovered is False
+    assert abs(f.onset_step - 1200) <= 15
+    assert f.evidence["grad_norm_ratio"] > 1.5 and f.evidence["act_norm_ratio"] > 1.2
+    assert f.evidence["lr_at_onset"] == 3e-4
+
+
+def test_no_divergence_on_clean_decay_or_lr_step_decay() -> None:
+    steps = np.arange(N)
+    loss = loss_curve(N)
+    loss[1000:] -= 0.3
+    nan = np.full(N, np.nan)
+    assert detect_divergence(steps, loss, nan, nan, nan) == []
+
+
+def test_noisy_flat_loss_is_not_divergence() -> None:
+    rng = np.random.default_rng(7)
+    loss = 3.0 + rng.standard_t(3, N) * 0.1
+    nan = np.full(N, np.nan)
+    assert detect_divergence(np.arange(N), loss, nan, nan, nan) == []
+
+
+def _sawtooth(num_cycles: int) -> list[float]:
+    # DeepSpeed SFT: calibration from 65536 down, then an overflow every ~100 steps at 65536 -> 32768 and regrowth.
+    scale = [65536.0, 32768, 16384, 8192, 4096, 2048] + [2048.0] * 50 + [4096.0] * 100
+    for _ in range(num_cycles):
+        scale += [65536.0] * 90 + [32768.0] * 10
+    return scale
+
+
+def test_ordinary_backoffs_and_calibration_are_not_collapse() -> None:
+    scale = np.array(_sawtooth(20))
+    assert detect_scaler_collapse(np.arange(len(scale)), scale) == []
+
+
+def test_halving_burst_below_floor_needs_action() -> None:
+    scale = np.array(_sawtooth(5) + [2.0 ** k for k in range(15, -4, -1)] + [0.125] * 30)
+    [f] = detect_scaler_collapse(np.arange(len(scale)), scale)
+    assert f.kind == "scaler_collapse" and f.needs_action and f.severity == "critical"
+    assert f.evidence["below_floor"] and f.evidence["scale_min"] == 0.125
+    assert scale[np.searchsorted(np.arange(len(scale)), f.onset_step) - 1] >= scale[f.onset_step]
+
+
+def test_burst_that_regrows_is_self_recovered() -> None:
+    scale = np.array(_sawtooth(5) + [2.0 ** k for k in range(15, 5, -1)] + [64.0] * 50 + [128.0] * 50)
+    [f] = detect_scaler_collapse(np.arange(len(scale)), scale)
+    assert f.self_recovered is True and not f.needs_action
+
+
+def test_nan_reports_first_signal_and_skips_scaler_overflows() -> None:
+    steps = np.arange(100)
+    loss, grad, act = np.full(100, 2.0), np.full(100, 0.5), np.full(100, np.nan)
+    grad[10] = np.inf  # an fp16 overflow the scaler skipped: not a NaN incident
+    grad[60], loss[62:] = np.nan, np.nan
+    skip = np.zeros(100, bool)
+    skip[10] = True
+    present = np.ones(100, bool)
+    bad = nonfinite_masks(loss, grad, act, present, present, np.zeros(100, bool), skip)
+    [f] = detect_nan(steps, bad, loss_finite_after=False)
+    assert f.onset_step == 60 and f.evidence["first_signal"] == "grad_norm"
+    assert f.evidence["first_step"]["loss"] == 62 and f.needs_action and f.severity == "critical"
+
+
+def test_no_nan_finding_on_finite_run() -> None:
+    present = np.ones(50, bool)
+    bad = nonfinite_masks(np.ones(50), np.ones(50), np.ones(50), present, present, present, np.zeros(50, bool))
+    assert detect_nan(np.arange(50), bad, True) == []
+
+
+def test_stall_far_outside_step_time_distribution() -> None:
+    rng = np.random.default_rng(0)
+    times = np.cumsum(rng.normal(1.0, 0.05, 500))
+    times[300:] += 120.0
+    [f] = detect_stalls(np.arange(500), times)
+    assert (f.onset_step, f.end_step) == (299, 300) and f.self_recovered is True and not f.needs_action
+
+
+def test_mild_gaps_and_checkpoint_writes_are_not_stalls() -> None:
+    rng = np.random.default_rng(0)
+    times = np.cumsum(rng.normal(1.7, 0.05, 500))
+    times[[120, 240, 360]] += 2.1  # modded-nanogpt: 3.8 s against a typical 1.7 s
+    times[400:] += 90.0  # a checkpoint that took 90 s to write before step 400
+    allowance = np.zeros(500)
+    allowance[400] = 90.0
+    assert detect_stalls(np.arange(500), times, allowance) == []
+
+
+def test_live_stall_uses_now() -> None:
+    times = np.arange(200, dtype=float) * 2.0
+    assert live_stall(np.arange(200), times, now=times[-1] + 30, segment=0) is None
+    f = live_stall(np.arange(200), times, now=times[-1] + 3600, segment=0)
+    assert f is not None and f.needs_action and f.evidence["live"]
+
+
+def test_slowdown_megatron_golden_shape() -> None:
+    # iteration-time every 100 steps; 4x slower at 2100-2300, then back.
+    rng = np.random.default_rng(1)
+    st = rng.normal(1.44, 0.01, 500)
+    st[21:24] = 6.1
+    [f] = detect_slowdowns(np.arange(1, 501) * 100, st)
+    assert (f.onset_step, f.end_step) == (2200, 2400)
+    assert f.kind == "slowdown" and f.self_recovered is True and f.severity == "warning" and not f.needs_action
+
+
+def test_sustained_five_percent_slowdown_is_info() -> None:
+    rng = np.random.default_rng(2)
+    st = rng.normal(105.0, 0.3, 300)
+    st[200:] += 5.0
+    [f] = detect_slowdowns(np.arange(300), st)
+    assert f.onset_step == 200 and f.severity == "info" and f.self_recovered is None
+
+
+def test_jittery_step_time_is_not_a_slowdown() -> None:
+    rng = np.random.default_rng(3)
+    st = rng.lognormal(np.log(0.6), 0.15, 3000)
+    assert detect_slowdowns(np.arange(3000), st) == []
