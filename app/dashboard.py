@@ -14,13 +14,13 @@ import streamlit as st
 
 HERE = Path(__file__).parent
 
-st.set_page_config(page_title="runwatch", page_icon="🩺", layout="wide")
+st.set_page_config(page_title="runwatch", page_icon=":material/monitor_heart:", layout="wide")
 
 PAGES = [
-    st.Page(HERE / "screens" / "overview.py", title="Overview", icon="🩺", url_path="overview", default=True),
-    st.Page(HERE / "screens" / "run.py", title="Run", icon="📈", url_path="run"),
-    st.Page(HERE / "screens" / "compare.py", title="Compare", icon="🔀", url_path="compare"),
-    st.Page(HERE / "screens" / "import_log.py", title="Import", icon="📥", url_path="import"),
+    st.Page(HERE / "screens" / "overview.py", title="Overview", icon=":material/monitor_heart:", url_path="overview", default=True),
+    st.Page(HERE / "screens" / "run.py", title="Run", icon=":material/show_chart:", url_path="run"),
+    st.Page(HERE / "screens" / "compare.py", title="Compare", icon=":material/compare_arrows:", url_path="compare"),
+    st.Page(HERE / "screens" / "import_log.py", title="Import", icon=":material/upload_file:", url_path="import"),
 ]
 
 st.navigation(PAGES, position="top").run()

@@ -112,7 +112,8 @@ def run_figure(
 ) -> go.Figure:
     """Stacked panels sharing one x axis; only panels whose series has data are drawn.
 
-    ``bands``: dicts with x0, x1, severity, label (findings, already in x units).
+    ``bands``: dicts with x0, x1, severity, label, open and optionally panels
+    (findings, already in x units).
     ``checkpoints`` / ``resumes``: dicts with x and text, drawn as ticks on a
     thin strip under the charts.
     """
@@ -144,7 +145,7 @@ def run_figure(
             fig.update_yaxes(type="log", row=row, col=1)
     if has_events:
         _add_event_strip(fig, num_rows, checkpoints, resumes)
-    _add_bands(fig, bands, num_rows, has_events)
+    _add_bands(fig, bands, drawn)
     fig.update_xaxes(title_text=x_title, row=num_rows, col=1)
     if x_range is not None:
         fig.update_xaxes(range=list(x_range))
@@ -172,20 +173,25 @@ def _add_event_strip(fig: go.Figure, row: int, checkpoints: Sequence[Mapping], r
     fig.update_yaxes(visible=False, range=[-1, 1], fixedrange=True, row=row, col=1)
 
 
-def _add_bands(fig: go.Figure, bands: Sequence[Mapping], num_rows: int, has_events: bool) -> None:
-    """Findings as shaded bands across every panel, onset as a solid edge, label on the top panel."""
-    chart_rows = num_rows - (1 if has_events else 0)
+def _add_bands(fig: go.Figure, bands: Sequence[Mapping], drawn: Sequence[Panel]) -> None:
+    """Findings as shaded bands with a solid onset edge, labelled once on the first panel they cover.
+
+    A band with ``panels`` (e.g. a slowdown: step time only) is drawn on those panels alone.
+    """
     for band in bands:
+        rows = [i for i, p in enumerate(drawn, start=1) if not band.get("panels") or p.column in band["panels"]]
+        if not rows:
+            continue
         color = SEVERITY_COLORS.get(band.get("severity", "warning"), SEVERITY_COLORS["warning"])
         x0, x1 = float(band["x0"]), float(band["x1"])
         if x1 <= x0:
             x1 = x0 + max(abs(x0) * 1e-3, 1.0)  # a one-step finding still gets a visible band
-        for row in range(1, chart_rows + 1):
-            fig.add_vrect(x0=x0, x1=x1, fillcolor=color, opacity=0.16 if band.get("open", True) else 0.08,
+        for row in rows:
+            fig.add_vrect(x0=x0, x1=x1, fillcolor=color, opacity=0.18 if band.get("open", True) else 0.09,
                           line_width=0, layer="below", row=row, col=1)
             fig.add_vline(x=x0, line={"color": color, "width": 1.5}, row=row, col=1)
         fig.add_annotation(x=x0, y=1, yref="y domain", xref="x", text=band.get("label", ""), showarrow=False,
-                           xanchor="left", yanchor="top", font={"size": 12, "color": color}, row=1, col=1)
+                           xanchor="left", yanchor="top", font={"size": 12, "color": color}, row=rows[0], col=1)
 
 
 def compare_figure(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -41,15 +42,24 @@ def serve(root: str | Path, host: str = "127.0.0.1", port: int = 8501) -> int:
     where = "this machine only" if host in ("127.0.0.1", "localhost", "::1") else "REACHABLE FROM THE NETWORK"
     print(f"runwatch dashboard on http://{host}:{port}  (root {root_path}; {where}); Ctrl-C stops it", flush=True)
     proc = subprocess.Popen(streamlit_command(host, port), cwd=APP_DIR, env=env)
+    # A SIGTERM to us (a supervisor, a test) must not orphan the server still holding the port.
+    previous = signal.signal(signal.SIGTERM, _raise_exit)
     try:
         return proc.wait()
     except KeyboardInterrupt:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
         return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def _raise_exit(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -18,6 +18,7 @@ from pathlib import Path
 import pyarrow as pa
 import streamlit as st
 
+from runwatch.app import views
 from runwatch.data.storage import check_run_name, data_files
 from runwatch.data.store import Store
 
@@ -69,15 +70,6 @@ def load_segments(root_dir: str, run: str, sig: tuple[float, int]) -> list[dict]
     return get_store(root_dir).segments(run).to_pylist()
 
 
-@st.cache_data(max_entries=32, show_spinner=False)
-def load_report(root_dir: str, run: str, sig: tuple[float, int], tick: int) -> object:
-    """The detectors' report, judged as of now; ``tick`` re-judges an idle run so it can turn stalled."""
-    from runwatch.detectors.analysis import analyze
-
-    store = get_store(root_dir)
-    return analyze(store.rows(run, rank=0), store.events(run), now=time.time())
-
-
 @st.cache_data(max_entries=128, show_spinner=False)
 def load_series(root_dir: str, run: str, sig: tuple[float, int], columns: tuple[str, ...], x: str,
                 lo: float | None, hi: float | None) -> dict[str, pa.Table]:
@@ -85,18 +77,49 @@ def load_series(root_dir: str, run: str, sig: tuple[float, int], columns: tuple[
     return get_store(root_dir).downsample_columns(run, list(columns), x=x, lo=lo, hi=hi, num_buckets=NUM_BUCKETS)
 
 
-def stall_tick() -> int:
-    return int(time.time() // STALL_TICK_SECONDS)
+@st.cache_resource
+def _reports() -> dict:
+    """(root, run) -> (signature, judged_at, seconds it took, report, error); shared by all sessions."""
+    return {}
 
 
-def report_or_error(root_dir: str, run: str) -> tuple[object | None, str | None]:
-    """The report, or the one-line reason it could not be made (shown on the page, never swallowed)."""
+def _judge(root_dir: str, run: str) -> tuple[object | None, str | None, float]:
+    from runwatch.detectors.analysis import analyze
+
+    store = get_store(root_dir)
+    t0 = time.perf_counter()
     try:
-        return load_report(root_dir, run, signature(root_dir, run), stall_tick()), None
-    except ImportError as err:
-        return None, f"detectors unavailable: {err}"
+        events = store.events(run)
+        now = None if views.is_finished(events) else time.time()
+        report = analyze(store.rows(run, rank=0), events, now=now)
+        return report, None, time.perf_counter() - t0
     except (ValueError, RuntimeError, OSError) as err:
-        return None, f"{type(err).__name__}: {err}"
+        return None, f"{type(err).__name__}: {err}", time.perf_counter() - t0
+
+
+def report_for(root_dir: str, run: str, *, compute: bool = True) -> tuple[object | None, str | None, bool]:
+    """(report, error, pending) for a run, judged as of now.
+
+    Re-judged when its files change, and also every ``STALL_TICK_SECONDS``
+    while idle so a run that stopped turns "stalled" by itself; a run whose
+    analysis is slow (millions of steps) is re-judged at most every 20x its
+    cost, so the dashboard never spends its time re-running detectors. With
+    ``compute=False`` only a cached (possibly older) result is returned;
+    ``pending`` says none exists yet.
+    """
+    cache, key, sig, now = _reports(), (root_dir, run), signature(root_dir, run), time.time()
+    entry = cache.get(key)
+    fresh = entry is not None and entry[0] == sig and now - entry[1] < max(STALL_TICK_SECONDS, 20 * entry[2])
+    if fresh or (entry is not None and not compute):
+        return entry[3], entry[4], False
+    if not compute:
+        return None, None, True
+    try:
+        report, error, cost = _judge(root_dir, run)
+    except ImportError as err:
+        return None, f"detectors unavailable: {err}", False
+    cache[key] = (sig, now, cost, report, error)
+    return report, error, False
 
 
 def selected_run(root_dir: str) -> str | None:

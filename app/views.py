@@ -16,14 +16,27 @@ from pathlib import Path
 
 import pyarrow as pa
 
-HEALTH_ORDER = {"action needed": 0, "stalled": 1, "error": 2, "watching": 3, "healthy": 4}
-HEALTH_ICONS = {"action needed": "🔴", "stalled": "🟠", "error": "⚠️", "watching": "🟡", "healthy": "🟢"}
-SEVERITY_ICONS = {"critical": "🔴", "warning": "🟠", "info": "🔵"}
+HEALTH_ORDER = {"action needed": 0, "stalled": 1, "error": 2, "analysing": 3, "watching": 4, "healthy": 5}
+# Streamlit markdown colour names; the colour carries the message before the words are read.
+HEALTH_COLORS = {"action needed": "red", "stalled": "violet", "error": "gray", "analysing": "gray",
+                 "watching": "orange", "healthy": "green"}
+# Cell backgrounds for the tables (the same meaning as HEALTH_COLORS).
+CELL_COLORS = {"red": "#f8d0cc", "violet": "#e3d5f5", "gray": "#e5e7ea", "orange": "#fde3bf", "green": "#d3f0dc",
+               "blue": "#d6e6f7"}
+SEVERITY_COLORS = {"critical": "red", "warning": "orange", "info": "blue"}
+PERFORMANCE_KINDS = frozenset({"stall", "slowdown"})
+"""Findings about speed, not about the model: drawn on the step-time panel only."""
 
 
 def health_label(health: str) -> str:
-    """``"🔴 action needed"``: the colour carries the message before the words are read."""
-    return f"{HEALTH_ICONS.get(health, '❔')} {health}"
+    """Markdown: a coloured dot and the health word, e.g. ``:red[● action needed]``."""
+    return f":{HEALTH_COLORS.get(health, 'gray')}[● {health}]"
+
+
+def cell_style(value: object) -> str:
+    """CSS for a table cell holding a health or severity word."""
+    color = HEALTH_COLORS.get(str(value)) or SEVERITY_COLORS.get(str(value))
+    return f"background-color: {CELL_COLORS[color]}" if color else ""
 
 
 def ago(seconds: float | None) -> str:
@@ -59,21 +72,24 @@ def open_findings(report: object) -> list:
 
 
 def overview_rows(runs: Sequence[Mapping], reports: Mapping[str, object], errors: Mapping[str, str],
-                  now: float) -> list[dict]:
+                  now: float, pending: Iterable[str] = ()) -> list[dict]:
     """One row per run, worst health first, then most recently updated.
 
     ``runs``: ``Store.runs()`` rows; ``reports``: run -> analysis report;
-    ``errors``: run -> why it could not be analysed (shown, never hidden).
+    ``errors``: run -> why it could not be analysed (shown, never hidden);
+    ``pending``: runs whose first analysis has not run yet.
     """
+    pending = set(pending)
     rows = []
     for r in runs:
         name = r["run"]
         report = reports.get(name)
-        health = "error" if name in errors or report is None else report.health
+        health = ("analysing" if name in pending else "error" if name in errors or report is None
+                  else report.health)
         opened = open_findings(report) if report is not None else []
         updated = r.get("last_update")
         rows.append({
-            "health": health_label(health),
+            "health": health,
             "run": name,
             "last step": r.get("last_step"),
             "updated": None if updated is None else datetime.fromtimestamp(updated, tz=timezone.utc),
@@ -88,12 +104,12 @@ def overview_rows(runs: Sequence[Mapping], reports: Mapping[str, object], errors
     return rows
 
 
-def findings_rows(findings: Iterable[object], x_of_step: Callable[[float], float] | None = None) -> list[dict]:
+def findings_rows(findings: Iterable[object]) -> list[dict]:
     """The findings table: open alarms first, then by onset."""
     rows = []
     for f in sorted(findings, key=lambda f: (not getattr(f, "open", False), f.onset_step)):
         rows.append({
-            "severity": f"{SEVERITY_ICONS.get(f.severity, '')} {f.severity}",
+            "severity": f.severity,
             "kind": f.kind,
             "status": finding_status(f),
             "onset": f.onset_step,
@@ -115,7 +131,8 @@ def finding_bands(findings: Iterable[object], last_step: int,
         end = f.end_step if f.end_step is not None else (last_step if getattr(f, "open", False) else f.peak_step)
         end = f.onset_step if end is None else end
         bands.append({"x0": to_x(f.onset_step), "x1": to_x(end), "severity": f.severity,
-                      "label": f.kind.replace("_", " "), "open": bool(getattr(f, "open", False))})
+                      "label": f.kind.replace("_", " "), "open": bool(getattr(f, "open", False)),
+                      "panels": ("step_time",) if f.kind in PERFORMANCE_KINDS else None})
     return bands
 
 
@@ -198,3 +215,17 @@ def resolve_under_root(root: str | Path, given: str) -> Path:
     if not path.is_file():
         raise ValueError(f"{given}: no such file under {root_path}")
     return path
+
+
+def is_finished(events: pa.Table) -> bool:
+    """True when the run's latest segment recorded its own normal end (a ``note`` with status "finished").
+
+    Such a run is judged without a live-stall check: silence after the end is
+    not a hang. A run that stops without saying so still turns "stalled".
+    """
+    rows = events.to_pylist()
+    if not rows:
+        return False
+    last_segment = max(r["segment"] for r in rows)
+    return any(r["event"] == "note" and r["segment"] == last_segment
+               and json.loads(r["payload"] or "{}").get("status") == "finished" for r in rows)

@@ -43,7 +43,7 @@ def _apply_box_selection() -> None:
 def _header(run: str, report: object | None, error: str | None, runs: list[dict]) -> None:
     info = next((r for r in runs if r["run"] == run), {})
     health = report.health if report is not None else "error"
-    st.markdown(f"## {views.health_label(health)} &nbsp; `{run}`")
+    st.markdown(f"## {views.health_label(health)} &nbsp; {run}")
     cols = st.columns(4)
     cols[0].metric("last step", f"{info.get('last_step', 0):,}")
     last = info.get("last_update")
@@ -116,20 +116,34 @@ def _charts(root_dir: str, run: str, report: object | None, sig: tuple[float, in
                     config={"displaylogo": False, "modeBarButtonsToRemove": ["lasso2d"]})
 
 
+def _findings(findings: list) -> None:
+    """Open alarms in view; closed ones (recovered, rolled back, old) one click away."""
+    rows = views.findings_rows(findings)
+    current = [r for r in rows if r["status"] == "OPEN"]
+    history = [r for r in rows if r["status"] != "OPEN"]
+    st.markdown(f"#### Open findings ({len(current)})")
+    if current:
+        st.dataframe(pd.DataFrame(current).style.map(views.cell_style, subset=["severity"]), hide_index=True,
+                     key="findings_table")
+    if history:
+        with st.expander(f"history: {len(history)} closed finding(s)"):
+            st.dataframe(pd.DataFrame(history).style.map(views.cell_style, subset=["severity"]), hide_index=True,
+                         key="history_table")
+
+
 @st.fragment(run_every=state.LIVE_SECONDS)
 def run_page(root_dir: str) -> None:
     run = _pick_run(root_dir)
     if run is None:
         return
     sig = state.signature(root_dir, run)
-    report, error = state.report_or_error(root_dir, run)
+    report, error, _ = state.report_for(root_dir, run)
     _header(run, report, error, state.load_runs(root_dir, state.signature(root_dir)))
     if report is not None:
         _rollback_card(run, report, state.get_store(root_dir).meta(run))
     _charts(root_dir, run, report, sig)
     if report is not None and report.findings:
-        st.markdown("#### Findings")
-        st.dataframe(pd.DataFrame(views.findings_rows(report.findings)), hide_index=True, key="findings_table")
+        _findings(report.findings)
     with st.expander("segments"):
         st.dataframe(pd.DataFrame(state.load_segments(root_dir, run, sig)), hide_index=True)
 
