@@ -13,7 +13,6 @@ the training loop: errors become one warning and a count (``num_errors``,
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
 import math
 import os
@@ -22,7 +21,7 @@ import time
 import warnings
 import weakref
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -132,8 +131,6 @@ class Monitor:
         self.segment = next_segment(self.root, self.run, self.rank)
         self._params = list(model.parameters()) if model is not None else []
         device = self._params[0].device if self._params else None
-        self._buffer = StepBuffer(device, self.config.flush_every_steps, pin_memory=self.config.pin_memory) if device else None
-        self._host_rows: list[dict[str, Any]] = []
         self._scaler = ScalerReader(scaler) if scaler is not None else None
         self._activation: torch.Tensor | None = None
         self._hook = None
@@ -143,6 +140,9 @@ class Monitor:
         self._closed = False
         self._last_flush = time.monotonic()
         self._writer = BackgroundWriter(self.root, max_queue=self.config.max_queue)
+        self._pending = _Pending(self.run, self.segment, self.rank, self._writer)
+        if device is not None:
+            self._pending.buffer = self._new_buffer(device)
         if activation_module is not None:
             self._hook = register_activation_hook(activation_module, self._on_activation, self._hook_error)
         if self.rank == 0:
@@ -154,9 +154,9 @@ class Monitor:
                 "skip_batches": None if skip_batches is None else [int(b) for b in skip_batches],
                 "config_changes": dict(config_changes or {}),
             }])
-        # A loop that forgets close() still gets its last rows written at interpreter exit.
-        self._atexit = _close_at_exit(self)
-        atexit.register(self._atexit)
+        # A monitor that is never closed still hands over its last rows when it is
+        # collected or at interpreter exit; the finalizer holds the state, not the monitor.
+        self._finalizer = weakref.finalize(self, _finish, self._pending, self.config.close_timeout_seconds)
 
     # -- counters -------------------------------------------------------------------
 
@@ -206,7 +206,7 @@ class Monitor:
             return
         try:
             self._record(step, dict(loss=loss, grad_norm=grad_norm, lr=lr, tokens=tokens, samples=samples, **extra))
-            if len(self._host_rows) >= self.config.flush_every_steps or (
+            if len(self._pending.host_rows) >= self.config.flush_every_steps or (
                 time.monotonic() - self._last_flush >= self.config.flush_every_seconds
             ):
                 self.flush()
@@ -241,35 +241,29 @@ class Monitor:
             else:
                 self._fail("Monitor.step", TypeError(f"{name}: expected a number or a tensor, got "
                                                      f"{type(value).__name__}"))
-        if device:
-            if self._buffer is None:
-                self._buffer = StepBuffer(next(iter(device.values())).device, self.config.flush_every_steps,
-                                          pin_memory=self.config.pin_memory)
-            # Rows of host values and buffer rows stay aligned: every step takes a buffer row.
-            self._pad_buffer()
-            self._buffer.put(device)
-        elif self._buffer is not None:
-            self._buffer.put({})
-        self._host_rows.append(host)
+        pending = self._pending
+        if device and pending.buffer is None:
+            pending.buffer = self._new_buffer(next(iter(device.values())).device)
+            # A buffer created mid-flush first gets an empty row per earlier host row.
+            for _ in pending.host_rows:
+                pending.buffer.put({})
+        if pending.buffer is not None:
+            pending.buffer.put(device)  # every step takes a buffer row: rows stay aligned
+        pending.host_rows.append(host)
 
-    def _pad_buffer(self) -> None:
-        # A buffer created mid-flush must first get an empty row per earlier host row.
-        while self._buffer.num_rows < len(self._host_rows):
-            self._buffer.put({})
+    def _new_buffer(self, device: torch.device) -> StepBuffer:
+        return StepBuffer(device, self.config.flush_every_steps, pin_memory=self.config.pin_memory)
 
     def flush(self) -> None:
         """Hand the buffered steps to the writer: one non-blocking device-to-host copy. Never raises."""
-        rows, self._host_rows = self._host_rows, []
         self._last_flush = time.monotonic()
-        if not rows:
-            return
+        num_rows = len(self._pending.host_rows)
         try:
-            names, values, present, ready = self._buffer.drain() if self._buffer is not None else ([], None, None, None)
-            self._writer.submit(MetricsBatch(self.run, self.segment, self.rank, rows, names, values, present, ready))
-            if not self._writer.alive:
+            self._pending.hand_over()
+            if num_rows and not self._writer.alive:
                 raise RuntimeError("the writer thread is not running")
         except Exception as err:
-            self._fail("flushing to the writer", err, len(rows))
+            self._fail("flushing to the writer", err, num_rows)
 
     # -- events -----------------------------------------------------------------------
 
@@ -322,7 +316,7 @@ class Monitor:
         self._closed = True
         if self._hook is not None:
             self._hook.remove()
-        atexit.unregister(self._atexit)
+        self._finalizer.detach()
         if not self._writer.close(self.config.close_timeout_seconds):
             self._fail("closing the writer", TimeoutError(
                 f"not drained after {self.config.close_timeout_seconds} s; unwritten rows are lost"))
@@ -334,12 +328,29 @@ class Monitor:
         self.close()
 
 
-def _close_at_exit(monitor: Monitor) -> Any:
-    ref = weakref.ref(monitor)
+@dataclass
+class _Pending:
+    """What a monitor has not handed to its writer yet: host rows and the device buffer."""
 
-    def close() -> None:
-        mon = ref()
-        if mon is not None:
-            mon.close()
+    run: str
+    segment: int
+    rank: int
+    writer: BackgroundWriter
+    buffer: StepBuffer | None = None
+    host_rows: list[dict[str, Any]] = field(default_factory=list)
 
-    return close
+    def hand_over(self) -> None:
+        """Submit the pending rows as one batch (one non-blocking device-to-host copy)."""
+        rows, self.host_rows = self.host_rows, []
+        if rows:
+            names, values, present, ready = self.buffer.drain() if self.buffer is not None else ([], None, None, None)
+            self.writer.submit(MetricsBatch(self.run, self.segment, self.rank, rows, names, values, present, ready))
+
+
+def _finish(pending: _Pending, timeout: float) -> None:
+    """Finalizer of a monitor never closed: hand over its last rows and drain the writer."""
+    try:
+        pending.hand_over()
+    except Exception as err:  # at exit there is nobody left to raise to
+        warnings.warn(f"runwatch: the last rows of run {pending.run!r} were lost: {err}", RuntimeWarning, stacklevel=1)
+    pending.writer.close(timeout)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import threading
+import time
 import warnings
 from pathlib import Path
 
@@ -198,6 +199,22 @@ def test_resume_starts_a_new_segment(tmp_path: Path) -> None:
     checkpoint = json.loads(kinds["checkpoint"]["payload"])
     assert checkpoint == {"path": str(ckpt), "bytes": 1000, "write_seconds": 0.5}
     assert json.loads(kinds["note"]["payload"]) == {"text": "resumed after spike"}
+
+
+def test_time_based_flush_writes_before_close(tmp_path: Path) -> None:
+    config = MonitorConfig(flush_every_steps=1000, flush_every_seconds=0.2)
+    with Monitor(tmp_path, "timed", config=config) as mon:
+        for step in range(3):
+            mon.step(step, loss=torch.tensor(1.0))
+        assert not list(tmp_path.glob("**/*.parquet"))
+        time.sleep(0.25)
+        mon.step(3, loss=torch.tensor(1.0))  # more than 0.2 s since the last flush: this step flushes
+        deadline = time.monotonic() + 10
+        while not list(tmp_path.glob("**/*.parquet")) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert mon.num_written_rows == 4
+        mon.step(4, loss=torch.tensor(1.0))
+    assert mon.num_written_rows == 5
 
 
 def test_bad_values_warn_once_and_count(tmp_path: Path) -> None:

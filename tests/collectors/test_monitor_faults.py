@@ -127,6 +127,14 @@ def test_full_disk_does_not_stop_training(tmp_path: Path) -> None:
     assert list(tmp_path.glob("**/*.parquet")) == [] and list(tmp_path.glob("**/*.tmp-*")) == []
 
 
+def test_exit_without_close_still_writes_everything(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--root", str(tmp_path), "--steps", "37", "--flush-every", "10", "--no-close"],
+        capture_output=True, text=True, env=_env(), timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert _read_all(tmp_path) == list(range(37))  # the last 7 unflushed rows were written at exit
+
+
 @pytest.mark.integration
 def test_torchrun_writes_one_shard_per_rank(tmp_path: Path) -> None:
     proc = subprocess.run(

@@ -31,6 +31,7 @@ def main() -> None:
     parser.add_argument("--sleep", type=float, default=0.0, help="seconds to sleep per step")
     parser.add_argument("--fsize-limit", type=int, default=None, help="RLIMIT_FSIZE in bytes (a full disk)")
     parser.add_argument("--distributed", action="store_true")
+    parser.add_argument("--no-close", action="store_true", help="exit without Monitor.close() (atexit must flush)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.fsize_limit is not None:
@@ -55,7 +56,8 @@ def main() -> None:
             print(f"step {step}", flush=True)
             if args.sleep:
                 time.sleep(args.sleep)
-        mon.close()
+        if not args.no_close:
+            mon.close()
     result = {"steps_done": args.steps, "num_errors": mon.num_errors, "num_dropped_rows": mon.num_dropped_rows,
               "num_written_rows": mon.num_written_rows,
               "warnings": [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]}
