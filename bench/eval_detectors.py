@@ -48,6 +48,32 @@ def segment_series(rows: pa.Table) -> list[tuple[int, np.ndarray, np.ndarray, np
     return out
 
 
+def with_data_labels(labels: list[dict], rows: pa.Table) -> list[dict]:
+    """Add the NaN a fault ends in (a divergence that overflows to inf/NaN) as a ``nan`` label.
+
+    Non-finite values are unambiguous in the data, so their first step per
+    segment is ground truth even where no NaN was injected.
+    """
+    out = list(labels)
+    seg = rows["segment"].to_numpy(zero_copy_only=False)
+    steps = rows["step"].to_numpy(zero_copy_only=False)
+    bad = ~np.isfinite(rows["loss"].to_numpy(zero_copy_only=False).astype(float))
+    if "grad_norm" in rows.column_names:
+        bad |= ~np.isfinite(rows["grad_norm"].to_numpy(zero_copy_only=False).astype(float))
+    if "found_inf" in rows.column_names:
+        # An inf gradient the GradScaler skipped is an ordinary fp16 overflow, not a NaN event.
+        bad &= ~rows["found_inf"].fill_null(False).to_numpy(zero_copy_only=False).astype(bool)
+    for s in np.unique(seg[bad]):
+        if any(lab["kind"] == "nan" and lab["segment"] == s for lab in labels):
+            continue
+        first = int(steps[(seg == s) & bad].min())
+        cause = next((lab for lab in labels if lab["segment"] == s and lab["onset"] <= first), None)
+        out.append({"kind": "nan", "subtype": f"after_{cause['subtype'] if cause else 'nothing'}", "onset": first,
+                    "end": int(steps[seg == s].max()), "segment": int(s),
+                    "needs_action": True, "open": cause["open"] if cause else True})
+    return out
+
+
 def findings_to_preds(report: object) -> list[Pred]:
     return [Pred(f.kind, int(f.onset_step), int(f.end_step), int(f.segment), bool(f.open), bool(f.needs_action))
             for f in report.findings]
@@ -61,8 +87,9 @@ def evaluate(store: Store, info: dict, analyze: object | None) -> dict:
     history = {"labels": 0, "closed": 0, "still_open": []}
     seconds = 0.0
     for run_info in info["runs"]:
-        run, labels = run_info["run"], run_info["labels"]
+        run = run_info["run"]
         rows, events = store.rows(run, rank=0), store.events(run)
+        labels = with_data_labels(run_info["labels"], rows)
         for name, evs in run_baselines(segment_series(rows)).items():
             preds = [Pred("spike", e.onset_step, e.end_step, e.segment) for e in evs]
             match_run(run, labels, preds, family[name], merge_excursions=True, kinds=("loss_excursion",))
@@ -72,8 +99,8 @@ def evaluate(store: Store, info: dict, analyze: object | None) -> dict:
         report = analyze(rows, events, now=None)
         seconds += time.perf_counter() - t0
         preds = findings_to_preds(report)
-        matched = match_run(run, labels, preds, strict)
-        match_run(run, labels, preds, family["runwatch"], merge_excursions=True, kinds=("loss_excursion",))
+        match_run(run, labels, preds, strict)
+        matched = match_run(run, labels, preds, family["runwatch"], merge_excursions=True, kinds=("loss_excursion",))
         _score_history(run, labels, matched, history)
         _score_rollback(run, run_info, report, rollback)
     return {"strict": strict, "family": family, "rollback": rollback, "history": history,

@@ -20,7 +20,7 @@ from runwatch.collectors.importers.base import ParsedLog, write_import
 from .scenarios import LabelledRun, scenarios
 from .training import train
 
-VERSION = "labelled-v3"
+VERSION = "labelled-v4"
 
 
 def write_run(root: Path, lr: LabelledRun) -> int:

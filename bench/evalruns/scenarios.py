@@ -77,8 +77,8 @@ def _spike(i: int, rng: np.random.Generator) -> LabelledRun:
     b = _base(rng, f"spike-{i:02d}", "spike", 100 + i)
     s = _fault_step(rng, 220, 380, b["ckpt_every"])
     if i % 2 == 0:
-        n = int(rng.integers(1, 3))
-        fault = Fault("lr_burst", s, n, float(rng.uniform(20, 40)))
+        n = 2  # one-step bursts at these factors are within batch noise: not a labelled event
+        fault = Fault("lr_burst", s, n, float(rng.uniform(25, 45)))
         sub = "lr_burst"
     else:
         n = int(rng.integers(1, 4))
