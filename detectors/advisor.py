@@ -29,8 +29,8 @@ HEALTH_WINDOW = 64
 """Observations before a checkpoint that must look healthy."""
 ACT_GROWTH = 1.2
 """Activation-norm growth (x) into the onset that counts as a precursor to walk back before."""
-ACT_TREND = 1.1
-"""Activation norm up this much across a checkpoint's health window: not healthy."""
+ACT_BLOCKS = 64
+"""The whole history before the onset is searched for an activation-norm precursor, in at most ~64 blocks."""
 REPLAY_BEFORE = 100
 """Batches before the onset to start skipping (PaLM restarted ~100 steps before a spike)."""
 SKIP_AFTER = 100
@@ -71,26 +71,34 @@ def _payload(ev: dict) -> dict:
     return value if isinstance(value, dict) else {}
 
 
-def act_growth_start(steps: np.ndarray, act: np.ndarray, onset_step: int) -> int | None:
-    """First step of a sustained activation-norm rise leading into the onset, or None.
+def act_growth_start(steps: np.ndarray, act: np.ndarray, before_step: int) -> int | None:
+    """First step of an accelerating activation-norm rise that runs into ``before_step``, or None.
 
-    Walk back over block medians before the onset while they keep (roughly)
-    rising; the rise must reach ``ACT_GROWTH`` to count.
+    Activation norms drift up slowly through healthy training, so a rise alone
+    is no precursor. On block medians of everything before it, fit a line that may bend once; the bend is a precursor when after it the
+    norm climbs at least 3x faster than before and by ``ACT_GROWTH`` overall.
     """
-    ok = np.isfinite(act) & (steps < onset_step)
+    ok = np.isfinite(act) & (steps < before_step)
     s, a = steps[ok], act[ok]
-    nb = len(a) // BLOCK
-    if nb < 3:
+    block = max(BLOCK, len(a) // ACT_BLOCKS)
+    nb = len(a) // block
+    if nb < 4:
         return None
-    tail = len(a) - nb * BLOCK  # align blocks to end at the onset
-    med = row_median(a[tail:].reshape(nb, BLOCK))
-    j = nb - 1
-    while j > 0 and med[j - 1] <= med[j] * 1.02:
-        j -= 1
-    if not med[nb - 1] >= ACT_GROWTH * med[j]:
+    tail = len(a) - nb * block  # blocks end at before_step
+    y = row_median(a[tail:].reshape(nb, block))
+    t = np.arange(nb, dtype=np.float64)
+    best: tuple[float, int, float, float] | None = None
+    for k in range(1, nb - 1):
+        X = np.stack([np.ones(nb), t, np.maximum(t - k, 0.0)], axis=1)
+        coef, *_ = np.linalg.lstsq(X, y, rcond=None)
+        sse = float(((X @ coef - y) ** 2).sum())
+        if best is None or sse < best[0]:
+            best = (sse, k, float(coef[1]), float(coef[1] + coef[2]))
+    _, k, before, after = best
+    at_knot = float(y[k])
+    if after <= 0 or after < 3 * max(before, 0.0) or not y[-1] >= ACT_GROWTH * at_knot:
         return None
-    flat_end = j + int(np.flatnonzero(med[j:] <= med[j] * 1.05)[-1])
-    return int(s[tail + flat_end * BLOCK])
+    return int(s[tail + k * block])
 
 
 def _healthy(ckpt_step: int, main: dict[str, np.ndarray], findings: list[Finding]) -> tuple[bool, str]:
@@ -113,12 +121,9 @@ def _healthy(ckpt_step: int, main: dict[str, np.ndarray], findings: list[Finding
             return False, f"{f.kind} from step {f.onset_step} overlaps the window before it"
         if f.kind == "spike" and f.onset_step <= ckpt_step <= f.end_step:
             return False, f"inside the spike from step {f.onset_step}"
-    act = main["act_norm"][window]
-    act = act[np.isfinite(act)]
-    if len(act) >= 8:
-        half = len(act) // 2
-        if np.median(act[half:]) > ACT_TREND * np.median(act[:half]):
-            return False, "activation norm trending up before it"
+    growth = act_growth_start(steps, main["act_norm"], ckpt_step + 1)
+    if growth is not None:
+        return False, f"activation norm climbing since step {growth}"
     return True, "loss scale ok, activation norm flat, all values finite"
 
 

@@ -21,6 +21,10 @@ from runwatch.detectors.segment_scan import SegmentDetectors
 from runwatch.detectors.segments import main_line, segment_infos, split_segments
 from runwatch.detectors.stall import live_stall
 
+DIVERGED_GRAD_RATIO = 1.5
+"""Median gradient norm over an unrecovered spike, relative to before it, that makes it a divergence."""
+DIVERGED_LR_RATIO = 1.5
+"""Learning rate over an unrecovered spike, relative to before it, that makes it a divergence."""
 RECENT_OBSERVATIONS = 100
 RECENT_FRACTION = 0.05
 """A finding that needs no action stays 'open' (health: watching) while it ended within the last
@@ -54,25 +58,58 @@ def checkpoint_seconds(checkpoints: list[dict]) -> dict[int, float]:
     return out
 
 
+def _diverged(f: Finding) -> bool:
+    """An unrecovered loss jump with gradient norms still up, or under a raised learning rate."""
+    if f.kind != "spike" or f.self_recovered is not False or f.evidence.get("blip"):
+        return False
+    grad, lr = f.evidence.get("grad_norm_ratio") or 0.0, f.evidence.get("lr_ratio") or 0.0
+    return grad >= DIVERGED_GRAD_RATIO or lr >= DIVERGED_LR_RATIO
+
+
+def _as_divergence(f: Finding) -> Finding:
+    """The fix for such a jump is the learning rate, not a data skip alone: call it a divergence."""
+    grad, lr = f.evidence.get("grad_norm_ratio"), f.evidence.get("lr_ratio")
+    why = [f"gradient norm x{grad:.2g}" for _ in [0] if grad and grad >= DIVERGED_GRAD_RATIO]
+    why += [f"learning rate x{lr:.2g}" for _ in [0] if lr and lr >= DIVERGED_LR_RATIO]
+    message = (f"loss diverged from step {f.onset_step}: jumped {f.evidence['baseline_loss']:.4g} -> "
+               f"{f.evidence['peak_loss']:.4g} and stayed up ({', '.join(why)})")
+    return dataclasses.replace(f, kind="divergence", message=message,
+                               evidence={**f.evidence, "from_spike": True})
+
+
+def _overlaps(a: Finding, b: Finding) -> bool:
+    return a.segment == b.segment and a.onset_step <= b.end_step and a.end_step >= a.onset_step and b.end_step >= a.onset_step
+
+
 def merge_overlaps(findings: list[Finding]) -> list[Finding]:
-    """One incident, one finding: a spike inside an unrecovered divergence is that divergence
-    (which takes the earlier onset); a 'divergence' that came back down inside a spike was that spike."""
-    out = list(findings)
-    divs = [f for f in out if f.kind == "divergence"]
-    spikes = [f for f in out if f.kind == "spike"]
-    for d in divs:
-        overlapping = [s for s in spikes if s.segment == d.segment and s.onset_step <= d.end_step and s.end_step >= d.onset_step]
-        if not overlapping:
+    """One incident, one finding.
+
+    An unrecovered spike with gradient norms still ``DIVERGED_GRAD_RATIO`` x up,
+    or under a learning rate raised ``DIVERGED_LR_RATIO`` x, is a divergence. Overlapping unrecovered loss findings in a segment merge
+    into the divergence with the earliest onset; a 'divergence' that came back
+    down inside a spike was that spike; a NaN that follows an unrecovered
+    divergence is how that divergence ended.
+    """
+    out = [_as_divergence(f) if _diverged(f) else f for f in findings]
+    for d in sorted([f for f in out if f.kind == "divergence"], key=lambda f: f.onset_step):
+        if d not in out:
             continue
+        others = [o for o in out if o is not d and o.kind in ("spike", "divergence") and _overlaps(d, o)]
         if d.self_recovered:
-            out.remove(d)
+            if any(o.kind == "spike" for o in others):
+                out.remove(d)
             continue
-        for s in overlapping:
-            if not s.self_recovered and s in out:
-                out.remove(s)
-        earliest = min([d.onset_step] + [s.onset_step for s in overlapping if not s.self_recovered])
-        if earliest < d.onset_step:
-            out[out.index(d)] = dataclasses.replace(d, onset_step=earliest)
+        absorbed = [o for o in others if not o.self_recovered]
+        for o in absorbed:
+            out.remove(o)
+        merged = dataclasses.replace(d, onset_step=min([d.onset_step] + [o.onset_step for o in absorbed]),
+                                     end_step=max([d.end_step] + [o.end_step for o in absorbed]))
+        nans = [n for n in out if n.kind == "nan" and n.segment == d.segment and n.onset_step >= d.onset_step]
+        for n in nans:
+            out.remove(n)
+            merged = dataclasses.replace(merged, evidence={**merged.evidence, "nan_step": n.onset_step},
+                                         message=merged.message + f"; it went non-finite at step {n.onset_step}")
+        out[out.index(d)] = merged
     return out
 
 

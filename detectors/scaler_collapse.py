@@ -7,9 +7,10 @@ calibration, when the scale drops from its initial guess before it ever grew.
 A finding is a *chain* of decreases without any growth in between, each within
 ``CHAIN_GAP`` observations of the previous one, that halves the scale at least
 ``MIN_HALVINGS`` times (16x); or any scale under ``FLOOR`` (OPT: healthy means
->= 1; "crashing to 0" is the signature). A chain the scale grows back from is
-self-recovered; one that stays down for ``RECOVERY_WINDOW`` observations, or
-any scale under the floor, needs action.
+>= 1; "crashing to 0" is the signature). A burst is self-recovered once the
+scale grows back to within ``RECOVERED_WITHIN`` halvings of where it was; one
+that stays down for ``RECOVERY_WINDOW`` observations after its last halving,
+or any scale under the floor, needs action.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ MIN_HALVINGS = 4.0
 CHAIN_GAP = 25
 """Observations between two decreases that still make them one burst."""
 RECOVERY_WINDOW = 200
+RECOVERED_WITHIN = 4
+"""Back within 2**4 (16x) of the scale before the burst: recovered. One regrowth from 8 to 16 is not."""
 
 
 class ScalerScanner:
@@ -62,19 +65,23 @@ class ScalerScanner:
         prev = float(scale[i - 1]) if i > 0 else float(scale[i])
         halvings = (math.log2(prev / scale[i]) if scale[i] > 0 else math.inf) if i > 0 else 0.0
         ch = self.chain
-        # A chain goes on while the scale never grew; a long quiet gap breaks it unless it is already a burst.
-        if ch is not None and i - ch["last"] > CHAIN_GAP and not _is_burst(ch):
+        # A chain goes on while it has not regrown; a long quiet gap breaks it unless it is already a burst.
+        if ch is not None and not _is_burst(ch) and i - ch["last"] > CHAIN_GAP:
             self.chain = ch = None
         if ch is None:
             ch = self.chain = {"first": i, "last": i, "halvings": 0.0, "before": prev,
-                               "calibration": not self.grew, "min_i": i}
+                               "calibration": not self.grew, "min_i": i, "min": math.inf}
         ch["last"], ch["halvings"] = i, ch["halvings"] + halvings
-        if not scale[i] >= ch.get("min", math.inf):
+        if not scale[i] >= ch["min"]:
             ch["min_i"], ch["min"] = i, float(scale[i])
 
     def _close_on_growth(self, i: int, scale: np.ndarray) -> None:
-        """Any growth ends a chain: the scaler sees finite gradients again."""
-        self._finish(self.chain, i - 1, True)
+        """Growth ends an ordinary chain; a burst ends only once the scale is back near where it was."""
+        ch = self.chain
+        if not _is_burst(ch):
+            self.chain = None
+        elif scale[i] >= ch["before"] / 2.0 ** RECOVERED_WITHIN:
+            self._finish(ch, i - 1, True)
 
     def _settle(self, i: int, scale: np.ndarray) -> None:
         """Close a chain that had ``RECOVERY_WINDOW`` observations to regrow and did not."""

@@ -126,7 +126,7 @@ class SegmentDetectors:
     def findings(self) -> list[Finding]:
         b = self.buf
         loss = b["loss"]
-        out = self.spike.findings(loss["step"].view, loss["loss"].view, loss["grad_norm"].view)
+        out = self.spike.findings(loss["step"].view, loss["loss"].view, loss["grad_norm"].view, loss["lr"].view)
         out += self.divergence.findings(loss["step"].view, loss["loss"].view, loss["grad_norm"].view,
                                         loss["act_norm"].view, loss["lr"].view)
         out += self.scaler.findings(b["scale"]["step"].view, b["scale"]["loss_scale"].view)

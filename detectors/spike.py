@@ -37,8 +37,10 @@ MIN_RISE = 0.03
 """A loss spike must rise at least 3% of the loss level: smaller is not worth a page."""
 MIN_GRAD_RATIO = 4.0
 """A gradient-norm excursion must at least quadruple the norm: real runs (llm.c) have many 2-3x blips."""
-MIN_FAR_OUT = 3
+MIN_FAR_OUT = 2
 """Observations beyond ``Z_HIGH`` a loss spike needs; fewer (with a quiet gradient norm) is batch noise."""
+SHORT_SPIKE = 3
+"""A recovered spike out of band for at most this many observations is 'info' (a bad batch or two)."""
 RECOVERY_WINDOW = 200
 """Observations an episode may take to come back before it counts as not recovered."""
 
@@ -153,17 +155,28 @@ class SpikeScanner:
             return t + RECOVERY_WINDOW + 1
         return n
 
-    def findings(self, steps: np.ndarray, loss: np.ndarray, grad: np.ndarray) -> list[Finding]:
+    def findings(self, steps: np.ndarray, loss: np.ndarray, grad: np.ndarray, lr: np.ndarray | None = None) -> list[Finding]:
         """Closed episodes plus the one still open (``self_recovered`` None), as findings."""
         log_grad = safe_log(grad)
-        out = [classify(ep, end, rec, steps, loss, log_grad, self.segment) for ep, end, rec in self.closed]
+        out = [classify(ep, end, rec, steps, loss, log_grad, self.segment, lr) for ep, end, rec in self.closed]
         if self.episode is not None:
-            out.append(classify(self.episode, len(loss) - 1, None, steps, loss, log_grad, self.segment))
+            out.append(classify(self.episode, len(loss) - 1, None, steps, loss, log_grad, self.segment, lr))
         return [f for f in out if f is not None]
 
 
+def _lr_ratio(lr: np.ndarray | None, onset: int, end: int) -> float | None:
+    """Median learning rate during the episode over the median of the observations just before it."""
+    if lr is None:
+        return None
+    before, during = lr[max(0, onset - 16):onset], lr[onset:end + 1]
+    before, during = before[np.isfinite(before) & (before > 0)], during[np.isfinite(during)]
+    if not len(before) or not len(during):
+        return None
+    return float(np.median(during) / np.median(before))
+
+
 def classify(ep: dict, end: int, recovered: bool | None, steps: np.ndarray, loss: np.ndarray,
-             log_grad: np.ndarray, segment: int) -> Finding | None:
+             log_grad: np.ndarray, segment: int, lr: np.ndarray | None = None) -> Finding | None:
     """Turn an episode into a finding, or None when it is batch noise."""
     onset = ep["onset"]
     span_loss, span_grad = loss[onset:end + 1], log_grad[onset:end + 1]
@@ -187,10 +200,13 @@ def classify(ep: dict, end: int, recovered: bool | None, steps: np.ndarray, loss
             peak_i = int(np.argmax(finite_g))
     else:
         return None  # a one-observation loss bump with a quiet gradient norm: batch noise
+    if blip and recovered is not True:
+        return None  # a gradient-norm level that moved and stays (warm-up, schedule) is a trend, not a blip
     if blip:
-        severity, needs = ("info" if recovered is not False else "warning"), False
+        severity, needs = "info", False
     else:
-        severity = "critical" if recovered is False else "warning"
+        short = recovered is True and num_loss_out <= SHORT_SPIKE
+        severity = "critical" if recovered is False else ("info" if short else "warning")
         needs = recovered is False
     grad_moved_first = bool(np.isfinite(span_grad[0]) and span_grad[0] > base_g + Z_LOW * scale_g
                             and not span_loss[0] > ep["loss_band"])
@@ -200,7 +216,10 @@ def classify(ep: dict, end: int, recovered: bool | None, steps: np.ndarray, loss
         "observations_far_out": num_loss_high,
         "baseline_grad_norm": math.exp(base_g) if math.isfinite(base_g) else None,
         "peak_grad_norm": math.exp(peak_g) if math.isfinite(peak_g) else None,
-        "grad_norm_moved_first": grad_moved_first, "trigger_step": int(steps[ep["trigger"]]),
+        "grad_norm_moved_first": grad_moved_first, "blip": blip, "trigger_step": int(steps[ep["trigger"]]),
+        "grad_norm_ratio": (math.exp(float(np.median(span_grad[np.isfinite(span_grad)])) - base_g)
+                            if math.isfinite(base_g) and np.isfinite(span_grad).any() else None),
+        "lr_ratio": _lr_ratio(lr, onset, end),
     }
     what = "gradient-norm blip" if blip else "loss spike"
     state = {True: "back to its pre-spike trend", False: f"not back to trend after {RECOVERY_WINDOW} observations",

@@ -12,7 +12,8 @@ minute of silence is normal).
 consecutive observations. 4% is deliberate: on a large job a node that costs
 5% of throughput for the rest of the run (BLOOM 105 s -> 110 s, "remained
 there") is worth a look, and the sigma test keeps jittery runs quiet. A
-slowdown never needs a rollback; it is 'warning' from 25% up, 'info' below.
+slowdown never needs a rollback; it is 'warning' from 25% up, 'info' below, and
+one under 25% must last ``MIN_SMALL_SLOW_OBS`` observations (shared machines jitter).
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ Z_SLOW = 6.0
 MIN_SLOW_OBS = 3
 WARN_SLOWDOWN = 0.25
 SLOW_BLOCK = 4
+MIN_SMALL_SLOW_OBS = 16
+"""A slowdown under ``WARN_SLOWDOWN`` must last this many observations to count."""
 
 
 def step_times(steps: np.ndarray, times: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -187,6 +190,8 @@ class SlowdownScanner:
             span = step_time[ep["onset"]:end + 1]
             level = float(np.nanmedian(span))
             rise = level / ep["base"] - 1
+            if rise < WARN_SLOWDOWN and end - ep["onset"] + 1 < MIN_SMALL_SLOW_OBS:
+                continue  # a few percent for a few observations is machine jitter, not a slowdown
             peak = ep["onset"] + int(np.nanargmax(span))
             state = "back to normal" if recovered else "still slow at the last step"
             out.append(Finding(

@@ -63,9 +63,18 @@ def test_halving_burst_below_floor_needs_action() -> None:
 
 
 def test_burst_that_regrows_is_self_recovered() -> None:
-    scale = np.array(_sawtooth(5) + [2.0 ** k for k in range(15, 5, -1)] + [64.0] * 50 + [128.0] * 50)
+    # DeepSpeed reward model: 512 -> 8 in a burst, then the scale grows back.
+    regrow = [64.0] * 30 + [128.0] * 30 + [256.0] * 30 + [512.0] * 30 + [1024.0] * 30 + [2048.0] * 30 + [4096.0] * 30
+    scale = np.array(_sawtooth(5) + [2.0 ** k for k in range(15, 5, -1)] + regrow)
     [f] = detect_scaler_collapse(np.arange(len(scale)), scale)
     assert f.self_recovered is True and not f.needs_action
+
+
+def test_burst_that_stays_low_needs_action() -> None:
+    # One regrowth (64 -> 128) after a 9-halving burst is not recovery; the window runs out.
+    scale = np.array(_sawtooth(5) + [2.0 ** k for k in range(15, 5, -1)] + [64.0] * 100 + [128.0] * 150)
+    [f] = detect_scaler_collapse(np.arange(len(scale)), scale)
+    assert f.self_recovered is False and f.needs_action and f.evidence["scale_min"] == 64.0
 
 
 def test_nan_reports_first_signal_and_skips_scaler_overflows() -> None:

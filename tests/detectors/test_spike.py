@@ -69,6 +69,14 @@ def test_sparse_logging_every_100_steps() -> None:
     assert f.onset_step == 25000 and f.self_recovered is True
 
 
+def test_two_step_bad_batch_is_an_info_spike() -> None:
+    steps = np.arange(N)
+    loss = loss_curve(N)
+    loss[1500:1502] += 5.0  # two corrupt batches, back at once
+    [f] = detect_spikes(steps, loss, grad_curve(N))
+    assert (f.onset_step, f.end_step) == (1500, 1501) and f.severity == "info" and not f.needs_action
+
+
 def test_lr_step_decay_is_not_a_finding() -> None:
     steps = np.arange(N)
     loss = loss_curve(N)
@@ -81,7 +89,7 @@ def test_heavy_tailed_single_step_bumps_are_not_findings() -> None:
     rng = np.random.default_rng(3)
     steps = np.arange(N)
     loss = loss_curve(N, noise=0.1)
-    bumps = rng.choice(np.arange(100, N), size=40, replace=False)
+    bumps = rng.choice(np.arange(100, N, 4), size=40, replace=False)  # single steps, never adjacent
     loss[bumps] += rng.uniform(0.5, 1.5, size=40)
     assert detect_spikes(steps, loss, np.full(N, np.nan)) == []
 
