@@ -85,6 +85,7 @@ def evaluate(store: Store, info: dict, analyze: object | None) -> dict:
     family: dict[str, dict[str, KindScore]] = {"runwatch": {}, **{name: {} for name in BASELINES}}
     rollback = {"needed": 0, "right": 0, "wrong": [], "spurious": [], "not_needed": 0}
     history = {"labels": 0, "closed": 0, "still_open": []}
+    by_subtype: dict[tuple[str, str], list[int | None]] = {}  # (kind, subtype) -> onset error or None (missed)
     seconds = 0.0
     for run_info in info["runs"]:
         run = run_info["run"]
@@ -99,12 +100,26 @@ def evaluate(store: Store, info: dict, analyze: object | None) -> dict:
         report = analyze(rows, events, now=None)
         seconds += time.perf_counter() - t0
         preds = findings_to_preds(report)
+        for i, lab in enumerate(labels):
+            hit = match_run(run, [lab], preds, {})
+            err = abs(hit[0].onset - lab["onset"]) if hit else None
+            by_subtype.setdefault((lab["kind"], lab["subtype"]), []).append(err)
         match_run(run, labels, preds, strict)
         matched = match_run(run, labels, preds, family["runwatch"], merge_excursions=True, kinds=("loss_excursion",))
         _score_history(run, labels, matched, history)
         _score_rollback(run, run_info, report, rollback)
     return {"strict": strict, "family": family, "rollback": rollback, "history": history,
-            "analyze_seconds": seconds}
+            "by_subtype": by_subtype, "analyze_seconds": seconds}
+
+
+def render_subtypes(by_subtype: dict[tuple[str, str], list[int | None]]) -> str:
+    """Found/labelled and median onset error per injected fault (strict kind, one label at a time)."""
+    out = ["| kind | injected fault | found | median onset error (steps) |", "|---|---|---:|---:|"]
+    for (kind, sub), errs in sorted(by_subtype.items()):
+        found = [e for e in errs if e is not None]
+        med = f"{np.median(found):.1f}" if found else "n/a"
+        out.append(f"| {kind} | {sub} | {len(found)}/{len(errs)} | {med} |")
+    return "\n".join(out)
 
 
 def _score_history(run: str, labels: list[dict], matched: dict[int, Pred], history: dict) -> None:
@@ -146,7 +161,8 @@ def render(result: dict, info: dict) -> str:
              f"advice given on {len(rb['spurious'])}/{rb['not_needed']} runs that need none.",
              f"Rolled-back faults reported as history (open=false): {result['history']['closed']}/"
              f"{result['history']['labels']}.",
-             f"analyze() time over all runs: {result['analyze_seconds']:.2f} s.", "", "### Failures", ""]
+             f"analyze() time over all runs: {result['analyze_seconds']:.2f} s.", "",
+             "### By injected fault (runwatch)", "", render_subtypes(result["by_subtype"]), "", "### Failures", ""]
     for kind, sc in sorted(result["strict"].items()):
         for m in sc.misses:
             lines.append(f"- missed {kind}: {m}")
