@@ -48,6 +48,7 @@ class Variant:
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-3)
         self.batches = synthetic_batches(MODEL, BATCH)
         self.times: list[float] = []
+        self.round_medians: list[float] = []  # median step time of each interleaved block
         self.act: torch.Tensor | None = None
         self.log: Callable[[int, torch.Tensor, torch.Tensor], None] = lambda step, loss, gn: None
         self.close: Callable[[], None] = lambda: None
@@ -97,31 +98,68 @@ class Variant:
         self.times.append(time.perf_counter() - start)
 
 
-def overhead_table(steps: int, block: int, warmup: int) -> dict:
+def overhead_table(steps: int, block: int, warmup: int, names: tuple[str, ...]) -> dict:
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         os.environ.update(WANDB_MODE="offline", WANDB_DIR=str(tmp), WANDB_SILENT="true")
-        variants = [Variant(n, tmp) for n in ("bare", "monitor", "tensorboard", "wandb")]
+        variants = [Variant(n, tmp) for n in names]
         for v in variants:  # warm-up, not timed
             for s in range(warmup):
                 v.step(s)
             v.times.clear()
-        step = warmup
+        step, num_rounds = warmup, 0
         while len(variants[0].times) < steps:
-            for v in variants:
+            # Rotate the order every round so no variant always runs right after another.
+            for v in variants[num_rounds % len(variants):] + variants[: num_rounds % len(variants)]:
                 for s in range(step, step + block):
                     v.step(s)
-            step += block
+                v.round_medians.append(statistics.median(v.times[-block:]))
+            step, num_rounds = step + block, num_rounds + 1
         for v in variants:
             v.close()
-        errors = variants[1].monitor.num_errors
+        errors = next((v.monitor.num_errors for v in variants if v.name == "monitor"), None)
     bare = statistics.median(variants[0].times)
     return {
         "rows": [{"variant": v.name, "median_ms": 1e3 * statistics.median(v.times),
                   "mean_ms": 1e3 * statistics.fmean(v.times), "ratio_to_bare": statistics.median(v.times) / bare,
+                  # Each block against bare's block of the same round: cancels drift in machine load.
+                  "paired_ratio": statistics.median(
+                      m / b for m, b in zip(v.round_medians, variants[0].round_medians, strict=True)),
                   "num_steps": len(v.times)} for v in variants],
         "monitor_errors": errors,
     }
+
+
+def logging_call_cost(num_calls: int) -> list[dict]:
+    """Microseconds one step's logging call costs the training thread, without training around it.
+
+    Steps of a CPU loop are noisy on a shared machine; this isolates what each
+    logger adds per step. On a CPU ``.item()`` is cheap (no device to wait
+    for); on a GPU it is a sync that stalls the pipeline, which this cannot show.
+    """
+    loss, grad_norm, act = torch.tensor(2.5), torch.tensor(1.25), torch.tensor(0.75)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        for name in ("monitor", "tensorboard", "wandb"):
+            variant = Variant(name, tmp)
+            if name == "monitor":  # a bounded queue sized for this burst: nothing may be dropped here
+                variant.monitor.close()
+                mon = Monitor(tmp / "runwatch", "calls", config=MonitorConfig(flush_every_steps=50, max_queue=4096))
+                variant.log = lambda step, loss, gn: mon.step(step, loss=loss, grad_norm=gn, lr=1e-3,
+                                                              act_norm=act, tokens=step * 512)
+                variant.close, variant.monitor = mon.close, mon
+            variant.act = act
+            for step in range(100):
+                variant.log(step, loss, grad_norm)
+            start = time.perf_counter()
+            for step in range(100, 100 + num_calls):
+                variant.log(step, loss, grad_norm)
+            rows.append({"variant": name, "us_per_step": 1e6 * (time.perf_counter() - start) / num_calls})
+            variant.close()
+            if name == "monitor":
+                assert variant.monitor.num_errors == 0, "the monitor dropped rows in the call benchmark"
+    return rows
 
 
 def writer_rows_per_second(num_rows: int, rows_per_flush: int) -> float:
@@ -145,19 +183,27 @@ def writer_rows_per_second(num_rows: int, rows_per_flush: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=200, help="timed steps per variant (>= 200 for the README)")
-    parser.add_argument("--block", type=int, default=10, help="steps per variant before rotating")
+    parser.add_argument("--block", type=int, default=5, help="steps per variant before rotating")
     parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--variants", default="bare,monitor,tensorboard,wandb", help="comma-separated, bare first")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    result = overhead_table(args.steps, args.block, args.warmup)
+    result = overhead_table(args.steps, args.block, args.warmup, tuple(args.variants.split(",")))
+    result["calls"] = logging_call_cost(2000)
     result["writer"] = [{"rows_per_flush": n, "rows_per_s": writer_rows_per_second(20_000, n)} for n in (50, 1000)]
     result["setup"] = {"model": str(MODEL), "batch": BATCH, "threads": args.threads, "torch": torch.__version__,
                        "cpu": platform.processor() or platform.machine(), "steps": args.steps, "block": args.block}
-    print("| variant | median step (ms) | mean step (ms) | ratio to bare (median) |")
-    print("|---|---:|---:|---:|")
-    for row in result["rows"]:
-        print(f"| {row['variant']} | {row['median_ms']:.2f} | {row['mean_ms']:.2f} | {row['ratio_to_bare']:.3f}x |")
+    print("| variant | median step (ms) | mean step (ms) | ratio to bare (medians) | paired ratio (per round) |")
+    print("|---|---:|---:|---:|---:|")
+    for r in result["rows"]:
+        print(f"| {r['variant']} | {r['median_ms']:.2f} | {r['mean_ms']:.2f} | {r['ratio_to_bare']:.3f}x "
+              f"| {r['paired_ratio']:.3f}x |")
+    print()
+    print("| logger | cost per step on the training thread (us) |")
+    print("|---|---:|")
+    for row in result["calls"]:
+        print(f"| {row['variant']} | {row['us_per_step']:.1f} |")
     print()
     print("| writer batch (rows per flush) | rows/s persisted |")
     print("|---:|---:|")

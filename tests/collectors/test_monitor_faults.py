@@ -61,12 +61,12 @@ def test_kill_9_loses_at_most_the_unflushed_buffer(tmp_path: Path) -> None:
     flush_every = 10
     proc = subprocess.Popen(
         [sys.executable, str(SCRIPT), "--root", str(tmp_path), "--steps", "100000", "--flush-every", str(flush_every),
-         "--sleep", "0.003"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+         "--sleep", "0.01"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
     poller = TreePoller(tmp_path)
     poller.start()
     try:
         for line in proc.stdout:
-            if line.startswith("step ") and int(line.split()[1]) >= 150:
+            if line.startswith("step ") and int(line.split()[1]) >= 100:
                 break
         os.kill(proc.pid, signal.SIGKILL)
         rest, _ = proc.communicate(timeout=30)
@@ -76,7 +76,7 @@ def test_kill_9_loses_at_most_the_unflushed_buffer(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == -signal.SIGKILL
-    last_printed = max(int(ln.split()[1]) for ln in ("step 150\n" + rest).splitlines() if ln.startswith("step "))
+    last_printed = max(int(ln.split()[1]) for ln in ("step 100\n" + rest).splitlines() if ln.startswith("step "))
     steps = _read_all(tmp_path)
     # Every file is whole and readable; the rows are a prefix of the run made of whole flushes.
     assert steps == list(range(len(steps))) and len(steps) % flush_every == 0
