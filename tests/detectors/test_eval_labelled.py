@@ -25,9 +25,7 @@ POSITIVE = [("spike", 0), ("spike", 1), ("divergence", 1), ("scaler_collapse", 1
             ("stall", 1), ("slowdown", 0)]
 CLEAN = [("clean", 0), ("clean", 1), ("clean", 3)]
 # Clear cases the detectors get wrong today (see the evaluation report); strict, so a fix turns them green.
-KNOWN_FAILURES = {
-    ("nan", 0): "the advisor walks back to the warm-up act-norm rise (step 8) and finds no healthy checkpoint",
-}
+KNOWN_FAILURES: dict[tuple[str, int], str] = {}
 # The LR grows for a while before the loss can move: the onset is judged with more slack.
 ONSET_TOLERANCE = {"divergence": 40}
 
