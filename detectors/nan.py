@@ -48,12 +48,12 @@ class NanScanner:
         recovered = last < self.pos - 1 and loss_finite_after
         severity = "warning" if recovered else "critical"
         which = " and ".join(firsts)
-        later = {name: int(steps[i]) for name, i in self.first.items() if i != onset}
+        later = {name: int(steps[i]) for name, i in sorted(self.first.items(), key=lambda kv: kv[1]) if i != onset}
         message = (f"non-finite {which} at step {int(steps[onset])}"
                    + (f" (then {', '.join(f'{k} at {v}' for k, v in later.items())})" if later else "")
                    + ("; finite again afterwards" if recovered else "; still not finite at the last step"))
         evidence = {"first_signal": firsts[0] if len(firsts) == 1 else "both", "first_signals": firsts,
-                    "first_step": {name: int(steps[i]) for name, i in self.first.items()},
+                    "first_step": {name: int(steps[i]) for name, i in sorted(self.first.items(), key=lambda kv: kv[1])},
                     "num_nonfinite": {k: v for k, v in self.counts.items() if v}}
         return [Finding(kind="nan", onset_step=int(steps[onset]), end_step=int(steps[last]),
                         peak_step=int(steps[onset]), segment=self.segment, severity=severity,

@@ -3,7 +3,8 @@
 Dynamic loss scaling backs off on every overflow and grows back after a clean
 stretch; an overflow every few hundred steps followed by regrowth (DeepSpeed's
 65536 -> 32768 sawtooth) is the scaler working. Also normal: the start-up
-calibration, when the scale drops from its initial guess before it ever grew.
+calibration, when the scale drops from its initial guess before it ever grew
+(a chain starting within ``CALIBRATION_OBS`` observations of the segment start).
 A finding is a *chain* of decreases without any growth in between, each within
 ``CHAIN_GAP`` observations of the previous one, that halves the scale at least
 ``MIN_HALVINGS`` times (16x); or any scale under ``FLOOR`` (OPT: healthy means
@@ -22,6 +23,8 @@ import numpy as np
 from runwatch.detectors.finding import Finding
 
 FLOOR = 1.0
+CALIBRATION_OBS = 50
+"""Decreases before the scale ever grew, starting in the first 50 observations, are start-up calibration."""
 MIN_HALVINGS = 4.0
 CHAIN_GAP = 25
 """Observations between two decreases that still make them one burst."""
@@ -70,7 +73,7 @@ class ScalerScanner:
             self.chain = ch = None
         if ch is None:
             ch = self.chain = {"first": i, "last": i, "halvings": 0.0, "before": prev,
-                               "calibration": not self.grew, "min_i": i, "min": math.inf}
+                               "calibration": not self.grew and i < CALIBRATION_OBS, "min_i": i, "min": math.inf}
         ch["last"], ch["halvings"] = i, ch["halvings"] + halvings
         if not scale[i] >= ch["min"]:
             ch["min_i"], ch["min"] = i, float(scale[i])

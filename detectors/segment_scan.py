@@ -43,6 +43,7 @@ class SegmentDetectors:
         self.all_steps = Grow(np.int64)
         self.prev_scale = np.nan
         self.last_finite_loss = True
+        self.logged_step_time = False  # once a row logs step_time, it is the source; else derive it from time
         self.spike, self.divergence = SpikeScanner(segment), DivergenceScanner(segment)
         self.scaler, self.nan = ScalerScanner(segment), NanScanner(segment)
         self.stall, self.slowdown = StallScanner(segment), SlowdownScanner(segment)
@@ -57,11 +58,12 @@ class SegmentDetectors:
         # A step the fp16 scaler skipped (found_inf, or the scale halved there) ran no optimizer
         # step: its inf gradient norm is not a NaN incident and its time is not a normal step time.
         scale = new["loss_scale"]
-        prev = np.concatenate([[self.prev_scale], scale[:-1]])
+        known = np.concatenate([[self.prev_scale], scale])
+        idx = np.maximum.accumulate(np.where(np.isfinite(known), np.arange(len(known)), 0))
+        last_logged = known[idx]  # the last logged scale up to each row (forward fill)
         with np.errstate(invalid="ignore"):
-            skip = new["found_inf"] | (scale < prev)
-        if np.isfinite(scale).any():
-            self.prev_scale = float(scale[np.isfinite(scale)][-1])
+            skip = new["found_inf"] | (scale < last_logged[:-1])
+        self.prev_scale = float(last_logged[-1])
         self._route(new, skip)
         bad = nonfinite_masks(new["loss"], new["grad_norm"], new["act_norm"], new["loss_present"],
                               new["grad_norm_present"], new["act_norm_present"], skip)
@@ -84,7 +86,8 @@ class SegmentDetectors:
             "scale": new["loss_scale_present"] & np.isfinite(new["loss_scale"]),
             "time": np.isfinite(new["time"]),
         }
-        if new["step_time_present"].any() or self.buf["step_time"]["step"].size:
+        self.logged_step_time = self.logged_step_time or bool(new["step_time_present"].any())
+        if self.logged_step_time:
             masks["step_time"] = np.isfinite(new["step_time"]) & (new["step_time"] > 0) & ~skip
         for name, mask in masks.items():
             if not mask.any():

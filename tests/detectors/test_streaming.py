@@ -1,0 +1,92 @@
+"""Streaming and offline analysis agree, row by row; properties: constant series -> nothing, noise -> no crash."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from runwatch.detectors.analysis import analyze
+from runwatch.detectors.streaming import StreamingAnalyzer
+from tests.detectors.synth import events_table, grad_curve, loss_curve, rows_table
+
+
+def _stream(rows: pa.Table, events: list[dict] | None = None) -> StreamingAnalyzer:
+    sa = StreamingAnalyzer(events_table(events) if events else None)
+    for row in rows.to_pylist():
+        sa.update({k: v for k, v in row.items() if k != "main"})
+    return sa
+
+
+def _eventful_run() -> tuple[pa.Table, list[dict]]:
+    """Every detector fires: spike (recovered and not), scaler burst, stall, slowdown, NaN, a rollback segment."""
+    n = 1500
+    steps = np.arange(n)
+    loss, grad = loss_curve(n), grad_curve(n)
+    loss[300:330] += 1.5 * np.exp(-np.arange(30) / 8)
+    grad[700] *= 8
+    times = np.cumsum(np.full(n, 0.5))
+    times[500:] += 60
+    times[900:1000] += np.cumsum(np.full(100, 1.0))
+    scale = np.full(n, 65536.0)
+    scale[1100:1112] = 65536.0 / 2.0 ** np.arange(1, 13)
+    scale[1112:] = 16.0
+    loss[1300:] += 1.0
+    loss[1450:] = np.nan
+    seg0 = rows_table(steps, time=times, loss=loss, grad_norm=grad, loss_scale=scale, samples=steps * 4.0)
+    s1 = np.arange(1250, 1700)
+    seg1 = rows_table(s1, segment=1, time=times[-1] + 100 + np.arange(len(s1)) * 0.5,
+                      loss=loss_curve(1700, seed=9)[1250:], grad_norm=grad_curve(1700, seed=4)[1250:])
+    rows = pa.concat_tables([seg0.drop_columns(["main"]), seg1.drop_columns(["main"])], promote_options="default")
+    rows = rows.append_column("main", pa.array((rows["segment"].to_numpy() == 1) | (rows["step"].to_numpy() < 1250)))
+    events = [{"event": "checkpoint", "step": s, "payload": {"path": f"/c/{s}"}} for s in (200, 600, 1000, 1200)]
+    return rows, events
+
+
+def test_streaming_equals_offline_on_an_eventful_run() -> None:
+    rows, events = _eventful_run()
+    offline = analyze(rows, events_table(events))
+    live = _stream(rows, events).report()
+    assert {f.kind for f in offline.findings} >= {"spike", "stall", "slowdown", "scaler_collapse"}
+    assert live.findings == offline.findings
+    assert live.segments == offline.segments
+    assert live.rollback == offline.rollback and live.health == offline.health
+
+
+def test_streaming_findings_are_a_prefix_view() -> None:
+    # Mid-stream, the report equals the offline report of the rows seen so far.
+    rows, events = _eventful_run()
+    sa = StreamingAnalyzer(events_table(events))
+    for i, row in enumerate(rows.to_pylist()):
+        sa.update({k: v for k, v in row.items() if k != "main"})
+        if i in (400, 1320):
+            prefix = rows.slice(0, i + 1)
+            prefix = prefix.drop_columns(["main"]).append_column("main", pa.array(np.ones(i + 1, bool)))
+            assert sa.report().findings == analyze(prefix, events_table(events)).findings
+
+
+@settings(max_examples=25, deadline=None)
+@given(value=st.floats(min_value=1e-3, max_value=1e3), n=st.integers(min_value=0, max_value=400))
+def test_constant_series_has_no_finding(value: float, n: int) -> None:
+    steps = np.arange(n)
+    rows = rows_table(steps, loss=np.full(n, value), grad_norm=np.full(n, value), act_norm=np.full(n, value),
+                      loss_scale=np.full(n, 1024.0), time=steps * 1.0)
+    assert analyze(rows, None).findings == []
+    assert _stream(rows).report().findings == []
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(min_value=1, max_value=300),
+       nan_rate=st.floats(0, 0.3), scale=st.floats(1e-6, 1e6))
+def test_random_noise_never_crashes_and_stream_agrees(seed: int, n: int, nan_rate: float, scale: float) -> None:
+    rng = np.random.default_rng(seed)
+    cols = {name: rng.standard_cauchy(n) * scale for name in ("loss", "grad_norm", "act_norm", "loss_scale", "lr")}
+    for v in cols.values():
+        v[rng.random(n) < nan_rate] = np.nan
+        v[rng.random(n) < nan_rate / 4] = np.inf
+    steps = np.cumsum(rng.integers(1, 5, n))
+    rows = rows_table(steps, time=np.cumsum(rng.exponential(1.0, n)), **cols)
+    offline = analyze(rows, None, now=float(rng.uniform(0, 1e4)))
+    assert offline.health in ("healthy", "watching", "action needed", "stalled")
+    assert _stream(rows).report().findings == analyze(rows, None).findings
