@@ -126,7 +126,8 @@ def realruns_table(root: Path) -> str:
         except (RuntimeError, ValueError) as err:
             ok, hits = False, []
             print(f"{case.name}: {err}", file=sys.stderr)
-        want = f"{case.kind} onset {case.lo}-{case.hi}" if case.expect else f"no {case.kind} finding"
+        what = "actionable" if case.kind == "any" else case.kind
+        want = f"{case.kind} onset {case.lo}-{case.hi}" if case.expect else f"no {what} finding"
         if case.expect:
             found = ", ".join(str(f["onset_step"]) for f in hits) or "-"
             caught = "yes" if ok else "no"
