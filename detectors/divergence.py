@@ -92,38 +92,43 @@ class DivergenceScanner:
     def advance(self, loss: np.ndarray) -> None:
         self.blocks.update(loss)
         med, mad = self.blocks.med.view, self.blocks.mad.view
-        for b in range(self.done, len(med)):
-            self._judge(b, med, mad, loss)
-        self.done = len(med)
+        # Plain floats: the per-block test is a few comparisons, numpy only on candidate blocks.
+        meds = med.tolist()
+        for b in range(self.done, len(meds)):
+            self._judge(b, meds, mad, loss)
+        self.done = len(meds)
 
     def _threshold(self) -> float:
         best, _, sigma = self.best
         return max(MIN_RISE * abs(best), Z_RISE * sigma)
 
-    def _judge(self, b: int, med: np.ndarray, mad: np.ndarray, loss: np.ndarray) -> None:
+    def _judge(self, b: int, med: list[float], mad: np.ndarray, loss: np.ndarray) -> None:
         m = med[b]
-        if not math.isfinite(m):
+        if m != m:  # NaN block (mostly non-finite)
             return
         if self.episode is not None:
             if m <= self.best[0] + 0.5 * self._threshold():
                 self.closed.append((self.episode, b * BLOCK - 1, True))
-                self.episode, self.best = None, (float(m), b, MAD_TO_SIGMA * float(mad[b]))
+                self.episode, self.best = None, (m, b, MAD_TO_SIGMA * float(mad[b]))
             return
         if self.best is None or m < self.best[0]:
-            self.best = (float(m), b, MAD_TO_SIGMA * float(mad[b]))
+            self.best = (m, b, MAD_TO_SIGMA * float(mad[b]))
             return
-        if b < MIN_BLOCKS + 1 or b - self.best[1] < 3:
+        if b < MIN_BLOCKS + 1 or b - self.best[1] < 3 or m - self.best[0] < self._threshold():
             return
-        # Three rises in a row, and a ramp explains the blocks since the best level better than
-        # a single jump does: a loss that jumped once and stays flat is an unrecovered spike.
-        climbing = med[b] > med[b - 1] > med[b - 2] > med[b - 3] and ramp_beats_jump(med[max(self.best[1], b - 32):b + 1])
+        if not med[b] > med[b - 1] > med[b - 2] > med[b - 3]:
+            return
         # Sustained, not a few bumps dragging a median: most of the last block is well above the best level.
         last = loss[b * BLOCK:(b + 1) * BLOCK]
-        sustained = np.mean(last > self.best[0] + 0.5 * self._threshold()) >= SUSTAINED
-        if climbing and sustained and m - self.best[0] >= self._threshold():
-            start, stop = max(self.best[1] * BLOCK, (b + 1) * BLOCK - MAX_ONSET_WINDOW), (b + 1) * BLOCK
-            onset = start + hinge_onset(loss[start:stop])
-            self.episode = {"onset": onset, "confirm": stop - 1, "best": self.best}
+        if np.mean(last > self.best[0] + 0.5 * self._threshold()) < SUSTAINED:
+            return
+        # A ramp must explain the blocks since the best level better than a single jump does:
+        # a loss that jumped once and stays flat is an unrecovered spike, not a climb.
+        if not ramp_beats_jump(np.asarray(med[max(self.best[1], b - 32):b + 1])):
+            return
+        start, stop = max(self.best[1] * BLOCK, (b + 1) * BLOCK - MAX_ONSET_WINDOW), (b + 1) * BLOCK
+        onset = start + hinge_onset(loss[start:stop])
+        self.episode = {"onset": onset, "confirm": stop - 1, "best": self.best}
 
     def findings(self, steps: np.ndarray, loss: np.ndarray, grad: np.ndarray, act: np.ndarray, lr: np.ndarray) -> list[Finding]:
         items = list(self.closed) + ([(self.episode, len(loss) - 1, False)] if self.episode else [])

@@ -129,7 +129,7 @@ class SlowdownScanner:
         # Small blocks: step time is often logged sparsely (every 100 steps), and a
         # slowdown early in the run (Megatron golden run, steps 2100-2300) must not fall in warm-up.
         self.base = TrailingBaseline(rel_floor=0.005, abs_floor=1e-9, block=SLOW_BLOCK)
-        self.run_start: int | None = None
+        self.slow_tail = 0  # slow observations in a row at the end of the last call (idle only)
         self.episode: dict | None = None
         self.closed: list[tuple[dict, int, bool | None]] = []
 
@@ -141,26 +141,33 @@ class SlowdownScanner:
         base, scale = self.base.at(lo, n)
         with np.errstate(invalid="ignore"):
             slow = (step_time[lo:n] > base * (1 + MIN_SLOWDOWN)) & (step_time[lo:n] > base + Z_SLOW * scale)
-        i = lo
+        # Starts of MIN_SLOW_OBS slow observations in a row, counting slow ones carried from the last call.
+        tail = self.slow_tail
+        ext = np.concatenate([np.ones(tail, bool), slow])
+        if len(ext) >= MIN_SLOW_OBS:
+            window = np.lib.stride_tricks.sliding_window_view(ext, MIN_SLOW_OBS).all(axis=1)
+            starts = lo - tail + np.flatnonzero(window)
+        else:
+            starts = np.array([], dtype=np.int64)
+        i, allowed = lo, lo - tail
+        self.slow_tail = 0
         while i < n:
-            i = self._follow(i, n, step_time) if self.episode is not None else self._idle(i, lo, n, slow)
+            if self.episode is not None:
+                i = allowed = self._follow(i, n, step_time)
+                continue
+            k = int(np.searchsorted(starts, allowed))
+            if k == len(starts):
+                # Remember how many slow observations in a row end this call (they may start a run).
+                first = max(allowed, lo)
+                quiet = np.flatnonzero(~slow[first - lo:])
+                run = n - (first + int(quiet[-1]) + 1) if len(quiet) else n - allowed
+                self.slow_tail = min(run, MIN_SLOW_OBS - 1)
+                break
+            start = int(starts[k])
+            self.episode = {"onset": start, "base": self._base_at(start), "prev_ok": False,
+                            "last_slow": start + MIN_SLOW_OBS - 1}
+            i = start + MIN_SLOW_OBS
         self.pos = n
-
-    def _idle(self, i: int, lo: int, n: int, slow: np.ndarray) -> int:
-        """Find the observation that completes ``MIN_SLOW_OBS`` slow observations in a row."""
-        part = slow[i - lo:]
-        quiet = np.flatnonzero(~part)
-        starts = np.concatenate([[self.run_start if self.run_start is not None else i], i + quiet + 1])
-        ends = np.concatenate([i + quiet, [n]])  # run k covers starts[k] .. ends[k]-1
-        long_enough = np.flatnonzero(ends - starts >= MIN_SLOW_OBS)
-        if not len(long_enough):
-            last_start = int(starts[-1])
-            self.run_start = last_start if last_start < n else None
-            return n
-        s = int(starts[long_enough[0]])
-        self.episode = {"onset": s, "base": self._base_at(s), "prev_ok": False, "last_slow": s + MIN_SLOW_OBS - 1}
-        self.run_start = None
-        return s + MIN_SLOW_OBS
 
     def _base_at(self, i: int) -> float:
         return float(self.base.at(i, i + 1)[0][0])
