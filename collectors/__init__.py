@@ -7,11 +7,11 @@ from __future__ import annotations
 
 
 def __getattr__(name: str):
-    if name == "Monitor":
-        from runwatch.collectors.monitor import Monitor
+    if name in ("Monitor", "MonitorConfig"):
+        from runwatch.collectors import monitor
 
-        return Monitor
+        return getattr(monitor, name)
     raise AttributeError(name)
 
 
-__all__ = ["Monitor"]
+__all__ = ["Monitor", "MonitorConfig"]

@@ -58,26 +58,37 @@ def _temp_path(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
 
 
+def _write_parquet_synced(table: pa.Table, path: Path) -> None:
+    with open(path, "wb") as f:
+        pq.write_table(table, f, compression="zstd")
+        f.flush()
+        os.fsync(f.fileno())  # the bytes are on disk before the rename publishes them
+
+
 def write_parquet_atomic(table: pa.Table, path: Path) -> Path:
     """Write ``table`` to ``path`` whole: temporary name, fsync, rename."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _temp_path(path)
     try:
-        pq.write_table(table, tmp, compression="zstd")
+        _write_parquet_synced(table, tmp)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
     return path
 
 
+def _write_bytes_synced(data: bytes, path: Path) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
 def write_bytes_atomic(data: bytes, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _temp_path(path)
     try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        _write_bytes_synced(data, tmp)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -129,21 +140,21 @@ class StagedWrite:
     def add_metrics(self, run: str, segment: int, rank: int, table: pa.Table) -> Path:
         final = partition_dir(self.root, run, segment, rank) / part_name("metrics", "parquet")
         table = conform_metrics(table)
-        return self._stage(final, lambda p: pq.write_table(table, p, compression="zstd"))
+        return self._stage(final, lambda p: _write_parquet_synced(table, p))
 
     def add_events(self, run: str, segment: int, rank: int, events: Iterable[Mapping[str, object]]) -> Path | None:
         data = events_jsonl(events)
         if not data:
             return None
         final = partition_dir(self.root, run, segment, rank) / part_name("events", "jsonl")
-        return self._stage(final, lambda p: p.write_bytes(data))
+        return self._stage(final, lambda p: _write_bytes_synced(data, p))
 
     def add_run_meta(self, run: str, meta: Mapping[str, object]) -> Path:
         final = run_dir(self.root, run) / RUN_META
         merged = {**read_run_meta(self.root, run), **meta, "run": run, "schema_version": SCHEMA_VERSION}
         merged.setdefault("created", time.time())
         data = json.dumps(merged, indent=1, default=str).encode()
-        return self._stage(final, lambda p: p.write_bytes(data))
+        return self._stage(final, lambda p: _write_bytes_synced(data, p))
 
     def commit(self) -> list[Path]:
         done = []
