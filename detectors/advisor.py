@@ -23,14 +23,10 @@ import numpy as np
 import pyarrow as pa
 
 from runwatch.detectors.finding import Finding, Rollback
-from runwatch.detectors.series import BLOCK, row_median
+from runwatch.detectors.divergence import act_growth_start
 
 HEALTH_WINDOW = 64
 """Observations before a checkpoint that must look healthy."""
-ACT_GROWTH = 1.2
-"""Activation-norm growth (x) into the onset that counts as a precursor to walk back before."""
-ACT_BLOCKS = 64
-"""The whole history before the onset is searched for an activation-norm precursor, in at most ~64 blocks."""
 REPLAY_BEFORE = 100
 """Batches before the onset to start skipping (PaLM restarted ~100 steps before a spike)."""
 SKIP_AFTER = 100
@@ -69,36 +65,6 @@ def _payload(ev: dict) -> dict:
     except (TypeError, ValueError):
         return {}
     return value if isinstance(value, dict) else {}
-
-
-def act_growth_start(steps: np.ndarray, act: np.ndarray, before_step: int) -> int | None:
-    """First step of an accelerating activation-norm rise that runs into ``before_step``, or None.
-
-    Activation norms drift up slowly through healthy training, so a rise alone
-    is no precursor. On block medians of everything before it, fit a line that may bend once; the bend is a precursor when after it the
-    norm climbs at least 3x faster than before and by ``ACT_GROWTH`` overall.
-    """
-    ok = np.isfinite(act) & (steps < before_step)
-    s, a = steps[ok], act[ok]
-    block = max(BLOCK, len(a) // ACT_BLOCKS)
-    nb = len(a) // block
-    if nb < 4:
-        return None
-    tail = len(a) - nb * block  # blocks end at before_step
-    y = row_median(a[tail:].reshape(nb, block))
-    t = np.arange(nb, dtype=np.float64)
-    best: tuple[float, int, float, float] | None = None
-    for k in range(1, nb - 1):
-        X = np.stack([np.ones(nb), t, np.maximum(t - k, 0.0)], axis=1)
-        coef, *_ = np.linalg.lstsq(X, y, rcond=None)
-        sse = float(((X @ coef - y) ** 2).sum())
-        if best is None or sse < best[0]:
-            best = (sse, k, float(coef[1]), float(coef[1] + coef[2]))
-    _, k, before, after = best
-    at_knot = float(y[k])
-    if after <= 0 or after < 3 * max(before, 0.0) or not y[-1] >= ACT_GROWTH * at_knot:
-        return None
-    return int(s[tail + k * block])
 
 
 def _healthy(ckpt_step: int, main: dict[str, np.ndarray], findings: list[Finding]) -> tuple[bool, str]:
@@ -190,8 +156,8 @@ def advise(findings: list[Finding], checkpoints: list[dict], main: dict[str, np.
     if target is None:
         return None
     cutoff, evidence = target.onset_step, {"finding": target.kind, "onset_step": target.onset_step}
-    growth = act_growth_start(main["step"], main["act_norm"], target.onset_step)
-    if growth is not None and growth < cutoff:
+    growth = target.evidence.get("act_norm_climb_step") or act_growth_start(main["step"], main["act_norm"], target.onset_step)
+    if growth is not None and growth <= cutoff:
         cutoff, evidence["act_norm_growth_from"] = growth, growth
     chosen, missing, rejected = _choose(checkpoints, cutoff, main, findings, present_paths)
     skip, positions = skip_window(chosen["step"] if chosen else None, target, main)

@@ -19,8 +19,12 @@ import math
 import numpy as np
 
 from runwatch.detectors.finding import Finding
-from runwatch.detectors.series import BLOCK, MAD_TO_SIGMA, MIN_BLOCKS, TrailingBaseline
+from runwatch.detectors.series import BLOCK, MAD_TO_SIGMA, MIN_BLOCKS, TrailingBaseline, row_median
 
+ACT_GROWTH = 1.2
+"""Activation-norm growth (x) into an onset that counts as its precursor."""
+ACT_BLOCKS = 64
+"""The whole history before an onset is searched for an activation-norm precursor, in at most ~64 blocks."""
 MIN_RISE = 0.05
 Z_RISE = 3.0
 SUSTAINED = 0.75
@@ -76,6 +80,41 @@ def hinge_onset(values: np.ndarray) -> int:
     sse = np.where(slope > 0, sse, np.inf)  # only rising fits
     best = int(np.argmin(sse)) if np.isfinite(sse).any() else 0
     return int(knots[best]) + 1 if best or np.isfinite(sse[0]) else 0
+
+
+def act_growth_start(steps: np.ndarray, act: np.ndarray, before_step: int) -> int | None:
+    """First step of an activation-norm climb that runs into ``before_step``, or None.
+
+    On block medians of everything before ``before_step``: walk back from the
+    end while the local slope stays at least a third of the average slope from
+    there to the end. The climb counts as a precursor when it reached
+    ``ACT_GROWTH`` x and is not decelerating (its second half rises at least as
+    fast as its first, within 20%): early-training growth that levels off is not one.
+    """
+    ok = np.isfinite(act) & (steps < before_step)
+    s, a = steps[ok], act[ok]
+    block = max(BLOCK, len(a) // ACT_BLOCKS)
+    nb = len(a) // block
+    if nb < 4:
+        return None
+    tail = len(a) - nb * block  # blocks end at before_step
+    y = row_median(a[tail:].reshape(nb, block))
+    if not np.isfinite(y).all():
+        return None
+    d, last = np.diff(y), nb - 1
+    start = last
+    for j in range(last - 1, -1, -1):
+        local = (d[j] + d[j - 1]) / 2 if j >= 1 else d[j]
+        if local < (y[last] - y[j]) / (last - j) / 3 or local <= 0:
+            break
+        start = j
+    if last - start < 2 or not y[last] >= ACT_GROWTH * y[start]:
+        return None
+    mid = (start + last) // 2
+    first_rate, second_rate = (y[mid] - y[start]) / (mid - start), (y[last] - y[mid]) / (last - mid)
+    if second_rate < 0.8 * first_rate:  # decelerating: training settling, not blowing up
+        return None
+    return int(s[tail + start * block])
 
 
 class DivergenceScanner:
@@ -146,6 +185,11 @@ def _ratio(values: np.ndarray, before: slice, during: slice) -> float | None:
 def classify(ep: dict, end: int, recovered: bool, steps: np.ndarray, loss: np.ndarray, grad: np.ndarray,
              act: np.ndarray, lr: np.ndarray, segment: int) -> Finding:
     onset = ep["onset"]
+    # The final-layer activation norm often starts climbing long before the loss (OPT): that is the onset.
+    climb = act_growth_start(steps, act, int(steps[onset]))
+    act_onset = int(np.searchsorted(steps, climb)) if climb is not None else None
+    if act_onset is not None and act_onset < onset:
+        onset = act_onset
     best, best_b, sigma = ep["best"]
     before = slice(best_b * BLOCK, (best_b + 1) * BLOCK)
     during = slice(onset, end + 1)
@@ -155,7 +199,8 @@ def classify(ep: dict, end: int, recovered: bool, steps: np.ndarray, loss: np.nd
     evidence = {"best_loss": best, "loss_sigma": sigma, "peak_loss": float(span.max()) if len(span) else None,
                 "grad_norm_ratio": grad_ratio, "act_norm_ratio": act_ratio,
                 "lr_at_onset": float(lr[onset]) if math.isfinite(lr[onset]) else None,
-                "confirmed_step": int(steps[min(ep["confirm"], len(steps) - 1)])}
+                "confirmed_step": int(steps[min(ep["confirm"], len(steps) - 1)]),
+                "loss_climb_step": int(steps[ep["onset"]]), "act_norm_climb_step": climb}
     extra = []
     if grad_ratio is not None:
         extra.append(f"grad norm x{grad_ratio:.2g}")

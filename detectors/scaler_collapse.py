@@ -116,7 +116,7 @@ def classify(ch: dict, end: int, recovered: bool | None, steps: np.ndarray, scal
         return None
     low = ch["min"]
     below = low < FLOOR
-    needs = below or recovered is False
+    needs = below or recovered is not True  # a burst still down (open or window over) is an alarm
     severity = "critical" if needs else "warning"
     recovered = False if below and recovered is not True else recovered
     evidence = {"scale_before": ch["before"], "scale_min": low, "halvings": ch["halvings"],

@@ -42,6 +42,8 @@ MIN_FAR_OUT = 2
 SHORT_SPIKE = 3
 """A recovered spike out of band for at most this many observations is 'info' (a bad batch or two)."""
 RECOVERY_WINDOW = 200
+STILL_OUT = 16
+"""An open episode whose last 16 observations are all out of band already counts as not recovered."""
 """Observations an episode may take to come back before it counts as not recovered."""
 
 
@@ -200,6 +202,8 @@ def classify(ep: dict, end: int, recovered: bool | None, steps: np.ndarray, loss
             peak_i = int(np.argmax(finite_g))
     else:
         return None  # a one-observation loss bump with a quiet gradient norm: batch noise
+    if recovered is None and not blip and len(span_loss) >= STILL_OUT and bool(np.all(span_loss[-STILL_OUT:] > ep["loss_band"])):
+        recovered = False  # not over yet, but far out for a whole block: call it now, not in 200 steps
     if blip and recovered is not True:
         return None  # a gradient-norm level that moved and stays (warm-up, schedule) is a trend, not a blip
     if blip:
@@ -222,7 +226,8 @@ def classify(ep: dict, end: int, recovered: bool | None, steps: np.ndarray, loss
         "lr_ratio": _lr_ratio(lr, onset, end),
     }
     what = "gradient-norm blip" if blip else "loss spike"
-    state = {True: "back to its pre-spike trend", False: f"not back to trend after {RECOVERY_WINDOW} observations",
+    span = end - onset + 1
+    state = {True: "back to its pre-spike trend", False: f"not back to trend after {span} observations",
              None: "not back to trend yet"}[recovered]
     gn = evidence["peak_grad_norm"]
     message = (f"{what} from step {int(steps[onset])}: loss {base_l:.4g} -> {peak_loss:.4g}"

@@ -54,12 +54,20 @@ def test_unrecovered_spike_needs_action() -> None:
     assert f.end_step == 1000 + RECOVERY_WINDOW
 
 
-def test_spike_at_the_end_is_pending_not_an_alarm() -> None:
+def test_fresh_spike_at_the_end_is_pending_not_an_alarm() -> None:
+    steps = np.arange(N)
+    loss = loss_curve(N)
+    loss[N - 10:] += 1.0
+    [f] = detect_spikes(steps, loss, grad_curve(N))
+    assert f.self_recovered is None and not f.needs_action and f.onset_step == N - 10
+
+
+def test_spike_out_for_a_whole_block_at_the_end_is_an_alarm() -> None:
     steps = np.arange(N)
     loss = loss_curve(N)
     loss[N - 20:] += 1.0
     [f] = detect_spikes(steps, loss, grad_curve(N))
-    assert f.self_recovered is None and not f.needs_action and f.onset_step == N - 20
+    assert f.self_recovered is False and f.needs_action and f.onset_step == N - 20
 
 
 def test_sparse_logging_every_100_steps() -> None:
