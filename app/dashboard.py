@@ -20,7 +20,7 @@ PAGES = [
     st.Page(HERE / "screens" / "overview.py", title="Overview", icon=":material/monitor_heart:", url_path="overview", default=True),
     st.Page(HERE / "screens" / "run.py", title="Run", icon=":material/show_chart:", url_path="run"),
     st.Page(HERE / "screens" / "compare.py", title="Compare", icon=":material/compare_arrows:", url_path="compare"),
-    st.Page(HERE / "screens" / "import_log.py", title="Import", icon=":material/upload_file:", url_path="import"),
+    st.Page(HERE / "screens" / "import_log.py", title="Import", icon=":material/upload_file:", url_path="import_log"),
 ]
 
 st.navigation(PAGES, position="top").run()

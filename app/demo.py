@@ -41,6 +41,8 @@ class DemoPlan:
     stop_after_jump: int = 220
     """How long the faulty segment runs on before someone stops it (the spike detector
     calls a loss that stays up for 200 steps unrecovered: action needed)."""
+    rollback_after_jump: int | None = None
+    """How long the rollback run's faulty segment runs before the restart (None: ``stop_after_jump``)."""
     skip_batches: int = 20
     """Batches skipped after the rollback, from ``lr_jump_at`` on (the PaLM recipe)."""
     batch_size: int = 16
@@ -49,8 +51,8 @@ class DemoPlan:
 
     @property
     def rollback_step(self) -> int:
-        """The last checkpoint strictly before the LR jump."""
-        return ((self.lr_jump_at - 1) // self.checkpoint_every) * self.checkpoint_every
+        """The last checkpoint before the LR jump (checkpoint k holds the state after steps 0..k-1)."""
+        return (self.lr_jump_at // self.checkpoint_every) * self.checkpoint_every
 
 
 class Progress:
@@ -114,7 +116,7 @@ def _train_segment(root: Path, run: str, plan: DemoPlan, *, start: int, stop: in
     mon = Monitor(root, run, model=model, scaler=scaler, activation_module=model.blocks[-1],
                   config=MonitorConfig(flush_every_steps=25, flush_every_seconds=2.0),
                   resume_step=start if resume_from is not None else None, resume_checkpoint=resume_from,
-                  skip_batches=skip, meta={"command": f"runwatch demo  # run {run}", "demo": True})
+                  skip_batches=skip, meta={"demo": True})
     with mon:
         step = start
         while step < stop:
@@ -155,8 +157,10 @@ def record_demo(root: str | Path, plan: DemoPlan | None = None, *, runs: tuple[s
     root.mkdir(parents=True, exist_ok=True)
     fault_stop = plan.lr_jump_at + plan.stop_after_jump
     resume = plan.rollback_step
+    rollback_stop = plan.lr_jump_at + (plan.stop_after_jump if plan.rollback_after_jump is None
+                                       else plan.rollback_after_jump)
     cost = {"demo-healthy": plan.num_steps, "demo-diverged": fault_stop,
-            "demo-rollback": fault_stop + plan.num_steps - resume}
+            "demo-rollback": rollback_stop + plan.num_steps - resume}
     progress = Progress(sum(cost[r] for r in runs), progress_out)
     if "demo-healthy" in runs:
         _train_segment(root, "demo-healthy", plan, start=0, stop=plan.num_steps, faults=False,
@@ -164,7 +168,7 @@ def record_demo(root: str | Path, plan: DemoPlan | None = None, *, runs: tuple[s
     if "demo-diverged" in runs:  # nobody has acted yet, and the trainer died: action needed, then stalled
         _train_segment(root, "demo-diverged", plan, start=0, stop=fault_stop, faults=True, progress=progress)
     if "demo-rollback" in runs:
-        _train_segment(root, "demo-rollback", plan, start=0, stop=fault_stop, faults=True, progress=progress)
+        _train_segment(root, "demo-rollback", plan, start=0, stop=rollback_stop, faults=True, progress=progress)
         checkpoint = root / CHECKPOINT_DIR / "demo-rollback" / f"step-{resume:06d}.pt"
         skip = (plan.lr_jump_at, plan.lr_jump_at + plan.skip_batches - 1)
         _train_segment(root, "demo-rollback", plan, start=resume, stop=plan.num_steps, faults=False,

@@ -34,6 +34,8 @@ PANELS: tuple[Panel, ...] = (
     Panel("step_time", "step time (s)"),
 )
 
+PANELS_COLUMNS: tuple[str, ...] = tuple(p.column for p in PANELS)
+
 MAIN_COLOR = "#1f4e79"
 BRANCH_COLOR = "#8a96a3"
 NONFINITE_COLOR = "#c0392b"
@@ -127,6 +129,7 @@ def run_figure(
     titles = [p.title for p in drawn] + (["checkpoints ▲  resumes ◆"] if has_events else [])
     fig = make_subplots(rows=num_rows, cols=1, shared_xaxes=True, vertical_spacing=0.035,
                         row_heights=heights, subplot_titles=titles)
+    fig.update_annotations(font_size=13, x=0, xanchor="left")  # panel titles top-left, before any band label
     legend_done: set[str] = set()
     for row, panel in enumerate(drawn, start=1):
         ds = series[panel.column]
@@ -150,12 +153,11 @@ def run_figure(
     if x_range is not None:
         fig.update_xaxes(range=list(x_range))
     fig.update_layout(
-        height=150 + 165 * len(drawn) + (45 if has_events else 0), template="plotly_white",
+        height=150 + 165 * len(drawn) + (45 if has_events else 0),
         margin={"l": 60, "r": 20, "t": 50, "b": 40}, hovermode="x", dragmode="zoom",
         legend={"orientation": "h", "yanchor": "bottom", "y": 1.02, "x": 0, "font": {"size": 12}},
         font={"size": 13},
     )
-    fig.update_annotations(font_size=13, x=0, xanchor="left")
     return fig
 
 
@@ -217,7 +219,7 @@ def compare_figure(
         if column == "loss_scale":
             fig.update_yaxes(type="log", row=row, col=1)
     fig.update_xaxes(title_text=x_title, row=len(present), col=1)
-    fig.update_layout(height=120 + 220 * len(present), template="plotly_white", hovermode="x",
+    fig.update_layout(height=120 + 220 * len(present), hovermode="x",
                       margin={"l": 60, "r": 20, "t": 50, "b": 40},
                       legend={"orientation": "h", "yanchor": "bottom", "y": 1.02, "x": 0})
     return fig
@@ -226,7 +228,7 @@ def compare_figure(
 def _empty_figure(message: str) -> go.Figure:
     fig = go.Figure()
     fig.add_annotation(text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper", font={"size": 16})
-    fig.update_layout(height=200, template="plotly_white", xaxis={"visible": False}, yaxis={"visible": False})
+    fig.update_layout(height=200, xaxis={"visible": False}, yaxis={"visible": False})
     return fig
 
 

@@ -15,10 +15,11 @@ import sys
 import time
 from pathlib import Path
 
+import plotly.graph_objects as go
 import pyarrow as pa
 import streamlit as st
 
-from runwatch.app import views
+from runwatch.app import figures, views
 from runwatch.data.storage import check_run_name, data_files
 from runwatch.data.store import Store
 
@@ -120,6 +121,40 @@ def report_for(root_dir: str, run: str, *, compute: bool = True) -> tuple[object
         return None, f"detectors unavailable: {err}", False
     cache[key] = (sig, now, cost, report, error)
     return report, error, False
+
+
+def report_stamp(root_dir: str, run: str) -> float:
+    """When the cached report of ``run`` was made (0 when none): part of the chart's cache key."""
+    entry = _reports().get((root_dir, run))
+    return entry[1] if entry is not None else 0.0
+
+
+@st.cache_data(max_entries=16, show_spinner=False)
+def run_chart(root_dir: str, run: str, sig: tuple[float, int], x: str, lo: float | None, hi: float | None,
+              stamp: float, _report: object | None) -> go.Figure:
+    """The run page's figure, rebuilt only when the files, the view or the report changed.
+
+    A live page re-runs every few seconds; without this each tick would
+    rebuild thousands of points into a new figure for nothing.
+    """
+    segments = load_segments(root_dir, run, sig)
+    wanted = CHART_COLUMNS + (("step",) if x == "tokens" else ())
+    series = load_series(root_dir, run, sig, wanted, x, lo, hi)
+    to_x = None
+    if x == "tokens" and "step" in series:
+        main = series["step"].filter(series["step"]["main"])
+        to_x = figures.step_mapper(main["first"].to_numpy(), main["x_first"].to_numpy())
+    events = load_events(root_dir, run, sig)
+    findings = list(getattr(_report, "findings", []) or [])
+    last_step = max((s["last_step"] for s in segments), default=0)
+    fig = figures.run_figure(
+        series, x_title=x, bands=views.finding_bands(findings, last_step, to_x),
+        checkpoints=views.event_marks(events, "checkpoint", to_x), resumes=views.event_marks(events, "resume", to_x),
+        abandoned_from={s["segment"]: s["abandoned_from"] for s in segments if s["abandoned_from"] is not None},
+        x_range=(lo, hi) if lo is not None and hi is not None else None,
+    )
+    fig.update_layout(uirevision=f"{run}:{x}:{lo}:{hi}")  # keep the user's client-side zoom across live ticks
+    return fig
 
 
 def selected_run(root_dir: str) -> str | None:

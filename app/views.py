@@ -124,10 +124,16 @@ def findings_rows(findings: Iterable[object]) -> list[dict]:
 
 def finding_bands(findings: Iterable[object], last_step: int,
                   x_of_step: Callable[[float], float] | None = None) -> list[dict]:
-    """Shaded chart bands (in x units) for findings; an open one runs to the last step."""
+    """Shaded chart bands (in x units) for findings; an open one runs to the last step.
+
+    Closed speed findings (a stall that resumed, a slowdown that passed) get
+    no band: on a shared machine they are many, and they are in the table.
+    """
     to_x = x_of_step or float
     bands = []
     for f in findings:
+        if f.kind in PERFORMANCE_KINDS and not getattr(f, "open", False):
+            continue
         end = f.end_step if f.end_step is not None else (last_step if getattr(f, "open", False) else f.peak_step)
         end = f.onset_step if end is None else end
         bands.append({"x0": to_x(f.onset_step), "x1": to_x(end), "severity": f.severity,
@@ -186,6 +192,7 @@ def resume_command(run: str, rollback: object, meta: Mapping[str, object] | None
     ``command`` (or a placeholder) with the checkpoint and skip window appended.
     """
     meta = meta or {}
+    known = bool(meta.get("command"))
     base = str(meta.get("command") or "python train.py")
     step, path = getattr(rollback, "checkpoint_step", None), getattr(rollback, "checkpoint_path", None)
     skip = getattr(rollback, "skip_batches", None)
@@ -201,7 +208,8 @@ def resume_command(run: str, rollback: object, meta: Mapping[str, object] | None
         monitor_args.append(f"resume_checkpoint={str(path)!r}")
     if skip:
         monitor_args.append(f"skip_batches=({int(skip[0])}, {int(skip[1])})")
-    return (" \\\n    ".join(shell) + "\n\n# in the training script:\n"
+    head = "" if known else "# the run recorded no command: put yours in place of `python train.py`\n"
+    return (head + " \\\n    ".join(shell) + "\n\n# in the training script:\n"
             + f"mon = Monitor(root, run={', '.join(monitor_args)}, model=model)")
 
 

@@ -12,7 +12,7 @@ import time
 import pandas as pd
 import streamlit as st
 
-from runwatch.app import figures, state, views
+from runwatch.app import state, views
 
 
 def _pick_run(root_dir: str) -> str | None:
@@ -59,14 +59,14 @@ def _rollback_card(run: str, report: object, meta: dict) -> None:
     if rollback is None:
         return
     with st.container(border=True, key="rollback_card"):
-        st.markdown("#### ⏪ Rollback advice")
+        st.markdown("#### :material/history: Rollback advice")
         left, right = st.columns([1, 1])
         with left:
             for line in views.rollback_lines(rollback):
                 st.markdown(line)
         with right:
             st.caption("Resume recipe (copy button at the top right)")
-            st.code(views.resume_command(run, rollback, meta), language="bash")
+            st.code(views.resume_command(run, rollback, meta), language="bash", wrap_lines=True)
         evidence = views.evidence_rows(getattr(rollback, "evidence", {}))
         if evidence:
             with st.expander("evidence"):
@@ -83,7 +83,7 @@ def _controls(has_tokens: bool) -> tuple[str, float | None, float | None]:
     hi = right.number_input(f"zoom to ({x})", value=None, key="zoom_hi", placeholder="end")
     if reset.button("full range", key="zoom_reset"):
         st.session_state["_applied_box"] = None
-        st.session_state.pop("zoom_lo"), st.session_state.pop("zoom_hi")
+        st.session_state.pop("zoom_lo", None), st.session_state.pop("zoom_hi", None)
         st.rerun(scope="fragment")
     if lo is not None and hi is not None and hi <= lo:
         st.warning("zoom: 'to' must be after 'from'; showing the full range")
@@ -92,26 +92,10 @@ def _controls(has_tokens: bool) -> tuple[str, float | None, float | None]:
 
 
 def _charts(root_dir: str, run: str, report: object | None, sig: tuple[float, int]) -> None:
-    segments = state.load_segments(root_dir, run, sig)
     has_tokens = "tokens" in state.get_store(root_dir).columns(run)
     _apply_box_selection()
     x, lo, hi = _controls(has_tokens)
-    wanted = state.CHART_COLUMNS + (("step",) if x == "tokens" else ())
-    series = state.load_series(root_dir, run, sig, wanted, x, lo, hi)
-    to_x = None
-    if x == "tokens" and "step" in series:
-        main = series["step"].filter(series["step"]["main"])
-        to_x = figures.step_mapper(main["first"].to_numpy(), main["x_first"].to_numpy())
-    events = state.load_events(root_dir, run, sig)
-    findings = list(getattr(report, "findings", []) or [])
-    last_step = max((s["last_step"] for s in segments), default=0)
-    fig = figures.run_figure(
-        series, x_title=x, bands=views.finding_bands(findings, last_step, to_x),
-        checkpoints=views.event_marks(events, "checkpoint", to_x), resumes=views.event_marks(events, "resume", to_x),
-        abandoned_from={s["segment"]: s["abandoned_from"] for s in segments if s["abandoned_from"] is not None},
-        x_range=(lo, hi) if lo is not None and hi is not None else None,
-    )
-    fig.update_layout(uirevision=f"{run}:{x}:{lo}:{hi}")  # keep the user's client-side zoom across live ticks
+    fig = state.run_chart(root_dir, run, sig, x, lo, hi, state.report_stamp(root_dir, run), report)
     st.plotly_chart(fig, key="run_chart", on_select="rerun", selection_mode="box",
                     config={"displaylogo": False, "modeBarButtonsToRemove": ["lasso2d"]})
 

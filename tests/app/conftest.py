@@ -1,0 +1,52 @@
+"""Fixtures for the dashboard tests: a real demo store (tiny GPT trained under Monitor) and small stores.
+
+The demo store is made once per session with a shortened plan: the same
+faults (a recovered spike, an LR jump that sticks for > 200 steps, a rollback
+restart with skipped batches), fewer steps and a smaller batch.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from runwatch.collectors.importers import import_logs
+
+TEST_PLAN_KW = dict(num_steps=300, checkpoint_every=40, bad_batches=(70, 73), lr_jump_at=130,
+                    stop_after_jump=215, rollback_after_jump=30, skip_batches=10, batch_size=8)
+
+
+@pytest.fixture(scope="session")
+def demo_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import torch
+
+    from runwatch.app.demo import DemoPlan, record_demo
+
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("demo")
+    record_demo(root, DemoPlan(**TEST_PLAN_KW), runs=("demo-diverged", "demo-rollback"), progress_out=io.StringIO())
+    return root
+
+
+def write_jsonl_run(root: Path, run: str, lines: list[dict], name: str = "log.jsonl") -> Path:
+    """Import ``lines`` (JSONL contract) as ``run`` under ``root``; returns the log path."""
+    path = root.parent / f"{root.name}-{run}-{name}"
+    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    import_logs("jsonl", [path], root, run)
+    return path
+
+
+def spike_lines(num_steps: int, spike_at: int, *, nan_at: int | None = None, t0: float = 1.7e9) -> list[dict]:
+    """A smooth loss curve with one one-step spike (and optionally one NaN)."""
+    lines = []
+    for s in range(num_steps):
+        loss = 2.0 + math.exp(-s / (num_steps / 4)) + (30.0 if s == spike_at else 0.0)
+        if s == nan_at:
+            loss = float("nan")
+        lines.append({"step": s, "time": t0 + 0.1 * s, "tokens": 1024 * (s + 1), "loss": loss, "grad_norm": 1.0,
+                      "loss_scale": 65536.0, "lr": 1e-3})
+    return lines

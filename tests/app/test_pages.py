@@ -1,0 +1,136 @@
+"""Every page through Streamlit's AppTest over a real store written by Monitor (the shortened demo)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from runwatch.app.state import ROOT_ENV
+from tests.app.conftest import spike_lines, write_jsonl_run
+
+ENTRY = Path(__file__).resolve().parents[2] / "app" / "dashboard.py"
+
+
+def open_page(monkeypatch: pytest.MonkeyPatch, root: Path, page: str, **query: str) -> AppTest:
+    monkeypatch.setenv(ROOT_ENV, str(root))
+    at = AppTest.from_file(str(ENTRY), default_timeout=180)
+    for key, value in query.items():
+        at.query_params[key] = value
+    at.switch_page(f"screens/{page}.py")
+    return at.run()
+
+
+def no_errors(at: AppTest) -> None:
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+
+
+def markdown(at: AppTest) -> str:
+    return "\n".join(m.value for m in at.markdown)
+
+
+def test_overview_lists_runs_with_health(monkeypatch: pytest.MonkeyPatch, demo_root: Path) -> None:
+    at = open_page(monkeypatch, demo_root, "overview")
+    no_errors(at)
+    table = at.dataframe(key="overview_table").value
+    assert {"demo-diverged", "demo-rollback"} <= set(table["run"])  # the browser test adds a live run
+    health = dict(zip(table["run"], table["health"]))
+    assert health["demo-diverged"] in ("action needed", "stalled")  # an unrecovered loss, then the trainer stopped
+    assert health["demo-rollback"] in ("healthy", "watching")  # rolled back and finished: not stalled
+    assert table["run"].iloc[0] == "demo-diverged"  # worst first
+    assert "action needed" in markdown(at) or "stalled" in markdown(at)
+
+
+def test_run_page_with_rollback_card(monkeypatch: pytest.MonkeyPatch, demo_root: Path) -> None:
+    at = open_page(monkeypatch, demo_root, "run", run="demo-diverged")
+    no_errors(at)
+    text = markdown(at)
+    assert "demo-diverged" in text and "Rollback advice" in text and "Roll back to checkpoint @ step" in text
+    assert any("--resume-from" in c.value for c in at.code)
+    assert at.radio(key="x_axis").options == ["step", "tokens"]
+    findings = [d.value for d in at.dataframe if "kind" in d.value.columns]
+    assert findings and "OPEN" in findings[0]["status"].tolist()  # open alarms come first, in view
+    at.radio(key="x_axis").set_value("tokens").run()
+    no_errors(at)
+    at.number_input(key="zoom_lo").set_value(100).run()
+    at.number_input(key="zoom_hi").set_value(200).run()
+    no_errors(at)
+
+
+def test_run_page_shows_segments_of_a_rollback(monkeypatch: pytest.MonkeyPatch, demo_root: Path) -> None:
+    at = open_page(monkeypatch, demo_root, "run", run="demo-rollback")
+    no_errors(at)
+    segments = at.dataframe[-1].value
+    assert segments["segment"].tolist() == [0, 1] and segments["abandoned_from"].iloc[0] == 120
+
+
+@pytest.mark.parametrize("name", ["../etc", "run=x/../../y", "a b", ".hidden"])
+def test_run_page_refuses_names_that_leave_the_root(monkeypatch: pytest.MonkeyPatch, demo_root: Path, name: str) -> None:
+    at = open_page(monkeypatch, demo_root, "run", run=name)
+    assert not at.exception
+    assert any("invalid run name" in e.value for e in at.error)
+
+
+def test_run_page_unknown_run(monkeypatch: pytest.MonkeyPatch, demo_root: Path) -> None:
+    at = open_page(monkeypatch, demo_root, "run", run="no-such-run")
+    assert not at.exception and any("no run named" in w.value for w in at.warning)
+
+
+def test_compare_page(monkeypatch: pytest.MonkeyPatch, demo_root: Path) -> None:
+    at = open_page(monkeypatch, demo_root, "compare")
+    no_errors(at)
+    assert {"demo-diverged", "demo-rollback"} <= set(at.multiselect(key="compare_runs").value)
+    at.multiselect(key="compare_runs").set_value(["demo-rollback"]).run()
+    no_errors(at)
+
+
+def _import(at: AppTest, path: str, run: str) -> AppTest:
+    at.text_input(key="import_path").set_value(path)
+    at.text_input(key="import_run").set_value(run)
+    return at.button(key="import_button").click().run()
+
+
+def test_import_page(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    (root / "archive").mkdir(parents=True)
+    good = root / "archive" / "old.jsonl"
+    good.write_text("\n".join(json.dumps(line) for line in spike_lines(50, spike_at=20)) + "\n")
+    bad = root / "archive" / "bad.jsonl"
+    bad.write_text('{"step": 0, "loss": 1.0}\n{"step": "one"}\n')
+    (tmp_path / "outside.jsonl").write_text(good.read_text())
+    at = open_page(monkeypatch, root, "import_log")
+    no_errors(at)
+    from runwatch.collectors.importers import FORMATS
+
+    assert at.selectbox(key="import_format").options == ["auto", *FORMATS]
+    at = _import(at, "archive/old.jsonl", "old-run")
+    no_errors(at)
+    assert any("Imported 50 rows" in s.value for s in at.success)
+    assert (root / "run=old-run").is_dir()
+    at = _import(at, "archive/bad.jsonl", "bad-run")
+    assert any("bad.jsonl:2" in e.value for e in at.error)  # the parser's file:line, shown as is
+    assert not (root / "run=bad-run").exists()
+    at = _import(at, "../outside.jsonl", "escaped")
+    assert any("outside the dashboard root" in e.value for e in at.error)
+    at = _import(at, "archive/old.jsonl", "../evil")
+    assert any("invalid run name" in e.value for e in at.error)
+    assert not (tmp_path / "evil").exists() and not (tmp_path / "run=evil").exists()
+
+
+def test_live_update_reaches_the_overview(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    write_jsonl_run(root, "first", spike_lines(100, spike_at=-1))
+    at = open_page(monkeypatch, root, "overview")
+    assert at.dataframe(key="overview_table").value["run"].tolist() == ["first"]
+    write_jsonl_run(root, "second", spike_lines(120, spike_at=-1))
+    at.run()  # what the fragment's timer does every few seconds
+    assert sorted(at.dataframe(key="overview_table").value["run"]) == ["first", "second"]
+
+
+def test_no_root_is_an_error_not_a_crash(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    at = open_page(monkeypatch, tmp_path / "missing", "overview")
+    assert not at.exception and any("no such directory" in e.value for e in at.error)
