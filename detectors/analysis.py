@@ -87,8 +87,8 @@ def merge_overlaps(findings: list[Finding]) -> list[Finding]:
     An unrecovered spike with gradient norms still ``DIVERGED_GRAD_RATIO`` x up,
     or under a learning rate raised ``DIVERGED_LR_RATIO`` x, is a divergence. Overlapping unrecovered loss findings in a segment merge
     into the divergence with the earliest onset; a 'divergence' that came back
-    down inside a spike was that spike; a NaN that follows an unrecovered
-    divergence is how that divergence ended.
+    down inside a spike was that spike. A NaN after a divergence stays its own
+    finding: it changes the advice (BF16, data) and marks the point of no return.
     """
     out = [_as_divergence(f) if _diverged(f) else f for f in findings]
     for d in sorted([f for f in out if f.kind == "divergence"], key=lambda f: f.onset_step):
@@ -104,11 +104,6 @@ def merge_overlaps(findings: list[Finding]) -> list[Finding]:
             out.remove(o)
         merged = dataclasses.replace(d, onset_step=min([d.onset_step] + [o.onset_step for o in absorbed]),
                                      end_step=max([d.end_step] + [o.end_step for o in absorbed]))
-        nans = [n for n in out if n.kind == "nan" and n.segment == d.segment and n.onset_step >= d.onset_step]
-        for n in nans:
-            out.remove(n)
-            merged = dataclasses.replace(merged, evidence={**merged.evidence, "nan_step": n.onset_step},
-                                         message=merged.message + f"; it went non-finite at step {n.onset_step}")
         out[out.index(d)] = merged
     return out
 

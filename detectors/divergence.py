@@ -25,6 +25,12 @@ ACT_GROWTH = 1.2
 """Activation-norm growth (x) into an onset that counts as its precursor."""
 ACT_BLOCKS = 64
 """The whole history before an onset is searched for an activation-norm precursor, in at most ~64 blocks."""
+LR_RISE = 1.5
+LR_LOOKBACK = 128
+"""Observations before a loss climb searched for the learning-rate rise that caused it."""
+PRECURSOR_ACT = 3.0
+PRECURSOR_GRAD = 2.0
+"""Activation norm x3 and gradient norm x2 on an accelerating climb: divergence even before the loss moves."""
 MIN_RISE = 0.05
 Z_RISE = 3.0
 SUSTAINED = 0.75
@@ -114,7 +120,49 @@ def act_growth_start(steps: np.ndarray, act: np.ndarray, before_step: int) -> in
     first_rate, second_rate = (y[mid] - y[start]) / (mid - start), (y[last] - y[mid]) / (last - mid)
     if second_rate < 0.8 * first_rate:  # decelerating: training settling, not blowing up
         return None
-    return int(s[tail + start * block])
+    # Refine inside the block: a hinge fit over the raw values around the start.
+    lo = tail + max(start - 1, 0) * block
+    hi = min(tail + (start + 3) * block, len(a))
+    return int(s[lo + hinge_onset(a[lo:hi])])
+
+
+def lr_rise_start(lr: np.ndarray, onset: int) -> int | None:
+    """Start of a learning-rate rise (>= ``LR_RISE`` x) that runs into the onset, if the LR is logged.
+
+    An LR that went up just before the loss climbed is the cause: the healthy
+    state is before it, and the fix is the LR.
+    """
+    lo = max(0, onset - LR_LOOKBACK)
+    window = lr[lo:onset + 1]
+    if len(window) < 2 or not np.isfinite(window).all():
+        return None
+    falls = np.flatnonzero(np.diff(window) < 0)
+    start = lo + (int(falls[-1]) + 1 if len(falls) else 0)
+    if start >= onset or not lr[onset] >= LR_RISE * lr[start] or lr[start] <= 0:
+        return None
+    rising = np.flatnonzero(lr[start:onset + 1] > lr[start])
+    return start + int(rising[0]) if len(rising) else None
+
+
+def act_precursor(steps: np.ndarray, act: np.ndarray, grad: np.ndarray, segment: int) -> Finding | None:
+    """Divergence caught early: activation and gradient norms blowing up before the loss moves (OPT)."""
+    if len(steps) == 0:
+        return None
+    climb = act_growth_start(steps, act, int(steps[-1]) + 1)
+    if climb is None:
+        return None
+    i = int(np.searchsorted(steps, climb))
+    before = slice(max(0, i - BLOCK), i + 1)
+    end = slice(max(i + 1, len(steps) - BLOCK), len(steps))
+    act_ratio, grad_ratio = _ratio(act, before, end), _ratio(grad, before, end)
+    if act_ratio is None or grad_ratio is None or act_ratio < PRECURSOR_ACT or grad_ratio < PRECURSOR_GRAD:
+        return None
+    return Finding(kind="divergence", onset_step=climb, end_step=int(steps[-1]), peak_step=int(steps[-1]),
+                   segment=segment, severity="critical", self_recovered=False, needs_action=True,
+                   evidence={"act_norm_ratio": act_ratio, "grad_norm_ratio": grad_ratio, "act_norm_climb_step": climb,
+                             "loss_moved": False},
+                   message=f"diverging from step {climb}: activation norm x{act_ratio:.2g} and gradient norm "
+                           f"x{grad_ratio:.2g} and still climbing, before the loss has moved (OPT's precursor)")
 
 
 class DivergenceScanner:
@@ -171,7 +219,12 @@ class DivergenceScanner:
 
     def findings(self, steps: np.ndarray, loss: np.ndarray, grad: np.ndarray, act: np.ndarray, lr: np.ndarray) -> list[Finding]:
         items = list(self.closed) + ([(self.episode, len(loss) - 1, False)] if self.episode else [])
-        return [classify(ep, end, rec, steps, loss, grad, act, lr, self.segment) for ep, end, rec in items]
+        out = [classify(ep, end, rec, steps, loss, grad, act, lr, self.segment) for ep, end, rec in items]
+        if self.episode is None:
+            early = act_precursor(steps, act, grad, self.segment)
+            if early is not None:
+                out.append(early)
+        return out
 
 
 def _ratio(values: np.ndarray, before: slice, during: slice) -> float | None:
@@ -190,6 +243,9 @@ def classify(ep: dict, end: int, recovered: bool, steps: np.ndarray, loss: np.nd
     act_onset = int(np.searchsorted(steps, climb)) if climb is not None else None
     if act_onset is not None and act_onset < onset:
         onset = act_onset
+    lr_start = lr_rise_start(lr, ep["onset"])
+    if lr_start is not None and lr_start < onset:
+        onset = lr_start
     best, best_b, sigma = ep["best"]
     before = slice(best_b * BLOCK, (best_b + 1) * BLOCK)
     during = slice(onset, end + 1)
@@ -200,7 +256,8 @@ def classify(ep: dict, end: int, recovered: bool, steps: np.ndarray, loss: np.nd
                 "grad_norm_ratio": grad_ratio, "act_norm_ratio": act_ratio,
                 "lr_at_onset": float(lr[onset]) if math.isfinite(lr[onset]) else None,
                 "confirmed_step": int(steps[min(ep["confirm"], len(steps) - 1)]),
-                "loss_climb_step": int(steps[ep["onset"]]), "act_norm_climb_step": climb}
+                "loss_climb_step": int(steps[ep["onset"]]), "act_norm_climb_step": climb,
+                "lr_rise_step": int(steps[lr_start]) if lr_start is not None else None}
     extra = []
     if grad_ratio is not None:
         extra.append(f"grad norm x{grad_ratio:.2g}")

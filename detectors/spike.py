@@ -42,6 +42,8 @@ MIN_FAR_OUT = 2
 SHORT_SPIKE = 3
 """A recovered spike out of band for at most this many observations is 'info' (a bad batch or two)."""
 RECOVERY_WINDOW = 200
+RECOVERY_CHECK = 8
+"""Observations from the first in-band one of which 75% must be in band to call it recovered."""
 STILL_OUT = 16
 """An open episode whose last 16 observations are all out of band already counts as not recovered."""
 """Observations an episode may take to come back before it counts as not recovered."""
@@ -141,20 +143,25 @@ class SpikeScanner:
         """In an episode: find two in-band observations in a row, or run out the window."""
         ep = self.episode
         t = ep["trigger"]
-        first = max(i - 1, t + 1)  # a pair may straddle the previous call
-        last = min(t + RECOVERY_WINDOW, n - 2)  # j and j+1 must both exist
+        first = ep.setdefault("next_check", t + 1)  # the first j whose check window was not complete yet
+        last = min(t + RECOVERY_WINDOW, n - RECOVERY_CHECK)  # the check window after j must exist
         if last >= first:
-            ok = self._ok(loss, log_grad, first, last + 2)
-            pairs = np.flatnonzero(ok[:-1] & ok[1:])
+            ok = self._ok(loss, log_grad, first, last + RECOVERY_CHECK)
+            # Back means two in-band observations in a row and most of the next few in band too:
+            # a noisy, still-elevated loss dips under the band now and then without having recovered.
+            mostly = np.convolve(ok, np.ones(RECOVERY_CHECK), "valid")[: last - first + 1] >= 0.75 * RECOVERY_CHECK
+            pairs = np.flatnonzero(ok[: last - first + 1] & ok[1: last - first + 2] & mostly)
             if len(pairs):
                 j = first + int(pairs[0])
                 self.closed.append((ep, j - 1, True))
-                self.episode, self.floor = None, j + 1
-                return j + 1
-        if n > t + RECOVERY_WINDOW + 1:
+                self.episode, self.floor = None, j + RECOVERY_CHECK - 1
+                return max(j + RECOVERY_CHECK - 1, i)
+            ep["next_check"] = last + 1
+        if n >= t + RECOVERY_WINDOW + RECOVERY_CHECK:
+            resume = t + RECOVERY_WINDOW + RECOVERY_CHECK - 1
             self.closed.append((ep, t + RECOVERY_WINDOW, False))
-            self.episode, self.dead_from = None, t + RECOVERY_WINDOW + 1
-            return t + RECOVERY_WINDOW + 1
+            self.episode, self.dead_from = None, resume
+            return resume
         return n
 
     def findings(self, steps: np.ndarray, loss: np.ndarray, grad: np.ndarray, lr: np.ndarray | None = None) -> list[Finding]:
