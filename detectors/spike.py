@@ -27,7 +27,7 @@ import math
 import numpy as np
 
 from runwatch.detectors.finding import Finding
-from runwatch.detectors.series import TrailingBaseline, safe_log
+from runwatch.detectors.series import BLOCK, MIN_BLOCKS, TrailingBaseline, safe_log
 
 Z_LOW = 3.0
 """Robust sigmas above baseline that count as 'out of the band' (excursion extent, recovery)."""
@@ -42,6 +42,9 @@ MIN_FAR_OUT = 2
 SHORT_SPIKE = 3
 """A recovered spike out of band for at most this many observations is 'info' (a bad batch or two)."""
 RECOVERY_WINDOW = 200
+COLD_OBS = MIN_BLOCKS * BLOCK
+COLD_LOSS_RISE = 0.5
+COLD_GRAD_RATIO = 4.0
 RECOVERY_CHECK = 8
 """Observations from the first in-band one of which 75% must be in band to call it recovered."""
 STILL_OUT = 16
@@ -69,6 +72,7 @@ class SpikeScanner:
         if n <= self.pos:
             return
         log_grad = safe_log(grad)
+        self._loss, self._log_grad = loss, log_grad
         self.loss_base.update(loss)
         self.grad_base.update(log_grad)
         lo = self.pos
@@ -91,14 +95,30 @@ class SpikeScanner:
         self.pos = n
 
     def _scores(self, loss: np.ndarray, log_grad: np.ndarray, lo: int, hi: int) -> tuple[np.ndarray, ...]:
-        base_l, scale_l = self.loss_base.at(lo, hi)
-        base_g, scale_g = self.grad_base.at(lo, hi)
+        base_l, scale_l = self._baseline(self.loss_base, loss, lo, hi, False)
+        base_g, scale_g = self._baseline(self.grad_base, log_grad, lo, hi, True)
         with np.errstate(invalid="ignore", divide="ignore"):
             z_l = (loss[lo:hi] - base_l) / scale_l
             rise_l = (loss[lo:hi] - base_l) / np.abs(base_l)
             z_g = (log_grad[lo:hi] - base_g) / scale_g
             rise_g = log_grad[lo:hi] - base_g
         return np.nan_to_num(z_l, nan=-np.inf), np.nan_to_num(z_g, nan=-np.inf), rise_l, rise_g
+
+    def _baseline(self, trailing: TrailingBaseline, x: np.ndarray, lo: int, hi: int, log: bool) -> tuple[np.ndarray, np.ndarray]:
+        """Trailing block baseline; before it exists (the first ``COLD_OBS`` observations: short log
+        excerpts, the start of a segment) the median of all earlier observations, with a scale that
+        puts ``Z_HIGH`` at +50% loss or 4x gradient norm, so only gross excursions count."""
+        base, scale = trailing.at(lo, hi)
+        cold = min(hi, COLD_OBS)
+        if lo < cold:
+            base, scale = base.copy(), scale.copy()
+            for i in range(max(lo, 1), cold):
+                prior = x[:i][np.isfinite(x[:i])]
+                if len(prior) and not np.isfinite(base[i - lo]):
+                    m = float(np.median(prior))
+                    base[i - lo] = m
+                    scale[i - lo] = (math.log(COLD_GRAD_RATIO) if log else COLD_LOSS_RISE * abs(m)) / Z_HIGH
+        return base, scale
 
     def _find_trigger(self, elevated: np.ndarray, trigger: np.ndarray, lo: int, i: int, n: int) -> int:
         """Idle: move to the next triggering observation, tracking where its elevated run began."""
@@ -120,12 +140,12 @@ class SpikeScanner:
         return stop + 1
 
     def _open_episode(self, onset: int, trigger: int) -> None:
-        base_l, scale_l = (float(v[0]) for v in self.loss_base.at(onset, onset + 1))
-        base_g, scale_g = (float(v[0]) for v in self.grad_base.at(onset, onset + 1))
-        if not math.isfinite(base_l):  # onset inside warm-up: judge against the trigger's baseline
-            base_l, scale_l = (float(v[0]) for v in self.loss_base.at(trigger, trigger + 1))
+        base_l, scale_l = (float(v[0]) for v in self._baseline(self.loss_base, self._loss, onset, onset + 1, False))
+        base_g, scale_g = (float(v[0]) for v in self._baseline(self.grad_base, self._log_grad, onset, onset + 1, True))
+        if not math.isfinite(base_l):  # no history at the onset: judge against the trigger's baseline
+            base_l, scale_l = (float(v[0]) for v in self._baseline(self.loss_base, self._loss, trigger, trigger + 1, False))
         if not math.isfinite(base_g):
-            base_g, scale_g = (float(v[0]) for v in self.grad_base.at(trigger, trigger + 1))
+            base_g, scale_g = (float(v[0]) for v in self._baseline(self.grad_base, self._log_grad, trigger, trigger + 1, True))
         self.episode = {
             "onset": onset, "trigger": trigger, "base_loss": base_l, "scale_loss": scale_l,
             "base_log_grad": base_g, "scale_log_grad": scale_g,
