@@ -15,8 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from runwatch.app.state import ROOT_ENV
-
+ROOT_ENV = "RUNWATCH_ROOT"  # how the Streamlit child learns its root (read by state.py)
 APP_DIR = Path(__file__).resolve().parent
 ENTRY = APP_DIR / "dashboard.py"
 

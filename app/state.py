@@ -20,10 +20,10 @@ import pyarrow as pa
 import streamlit as st
 
 from runwatch.app import figures, views
+from runwatch.app.serve import ROOT_ENV
 from runwatch.data.storage import check_run_name, data_files
 from runwatch.data.store import Store
 
-ROOT_ENV = "RUNWATCH_ROOT"
 LIVE_SECONDS = 5.0  # how often an open page polls for new flushes
 STALL_TICK_SECONDS = 15  # how often an unchanged run is re-judged (so "stalled" appears by itself)
 CHART_COLUMNS = ("loss", "grad_norm", "loss_scale", "act_norm", "step_time")
@@ -69,6 +69,11 @@ def load_events(root_dir: str, run: str, sig: tuple[float, int]) -> pa.Table:
 @st.cache_data(max_entries=64, show_spinner=False)
 def load_segments(root_dir: str, run: str, sig: tuple[float, int]) -> list[dict]:
     return get_store(root_dir).segments(run).to_pylist()
+
+
+@st.cache_data(max_entries=64, show_spinner=False)
+def load_columns(root_dir: str, run: str, sig: tuple[float, int]) -> list[str]:
+    return get_store(root_dir).columns(run)
 
 
 @st.cache_data(max_entries=128, show_spinner=False)

@@ -14,6 +14,7 @@ times what the overview does per refresh.
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import shutil
 import statistics
 import tempfile
@@ -101,13 +102,32 @@ def run_page(root: Path, run: str, x: str = "step", lo: float | None = None, hi:
     return out
 
 
-def analysis(root: Path, run: str) -> float:
+def _analysis_child(root: str, run: str, limit_bytes: int, out: "multiprocessing.Queue") -> None:
+    import resource
+
     from runwatch.detectors.analysis import analyze
 
-    with Store(root) as store:
-        t0 = time.perf_counter()
-        analyze(store.rows(run, rank=0), store.events(run), now=None)
-        return time.perf_counter() - t0
+    resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))  # a MemoryError here, not the OOM killer
+    try:
+        with Store(root) as store:
+            t0 = time.perf_counter()
+            analyze(store.rows(run, rank=0), store.events(run), now=None)
+            out.put(("ok", time.perf_counter() - t0))
+    except MemoryError:
+        out.put(("out of memory", limit_bytes))
+
+
+def analysis(root: Path, run: str, limit_gb: float) -> str:
+    """The detectors over every row, in a child process with an address-space cap."""
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    child = ctx.Process(target=_analysis_child, args=(str(root), run, int(limit_gb * 2**30), out))
+    child.start()
+    child.join()
+    if out.empty():
+        return f"crashed (exit code {child.exitcode})"
+    status, value = out.get()
+    return f"{value:.2f} s" if status == "ok" else f"failed: MemoryError under a {limit_gb:g} GiB cap"
 
 
 def overview_refresh(root: Path) -> dict:
@@ -128,6 +148,8 @@ def main() -> None:
     parser.add_argument("--root", help="work directory (default: a temporary one, removed after)")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--skip-analysis", action="store_true", help="do not time the detectors")
+    parser.add_argument("--analysis-memory-gb", type=float, default=8.0,
+                        help="address-space cap for the detectors' process (default 8)")
     args = parser.parse_args()
     base = Path(args.root) if args.root else Path(tempfile.mkdtemp(prefix="runwatch-bench-"))
     root = base / "one"
@@ -149,8 +171,8 @@ def main() -> None:
                   f"{o['points']:,} | {o['json_bytes'] / 1e6:.1f} MB | {'yes' if o['loss_max'] >= 40 else 'NO'} "
                   f"({o['loss_max']:.1f}) | {o['nan_marks']} |")
         if not args.skip_analysis:
-            seconds = analysis(root, "big")
-            print(f"\ndetectors (analyze) over all {args.steps:,} rows: {seconds:.2f} s "
+            result = analysis(root, "big", args.analysis_memory_gb)
+            print(f"\ndetectors (analyze) over all {args.steps:,} rows: {result} "
                   "(once per change of the run's files; cached between refreshes)")
         many = base / "ten"
         for i in range(10):

@@ -24,7 +24,6 @@ def compare(root_dir: str) -> None:
     if not picked:
         st.info("Pick one or more runs to overlay.")
         return
-    store = state.get_store(root_dir)
     # Tokens put runs with different batch sizes on one axis; fall back to step if any run lacks them.
     with_tokens = all(next((r["tokens"] for r in runs if r["run"] == n), None) is not None for n in picked)
     x = "tokens" if with_tokens else "step"
@@ -32,7 +31,7 @@ def compare(root_dir: str) -> None:
         st.caption("Some selected runs record no tokens: overlaying by step.")
     series = {}
     for name in picked:
-        if "tokens" not in store.columns(name) and x == "tokens":
+        if x == "tokens" and "tokens" not in state.load_columns(root_dir, name, state.signature(root_dir, name)):
             continue
         series[name] = state.load_series(root_dir, name, state.signature(root_dir, name), COMPARE_COLUMNS, x, None, None)
     st.plotly_chart(figures.compare_figure(series, COMPARE_COLUMNS, x_title=x), key="compare_chart",

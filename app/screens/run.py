@@ -92,7 +92,7 @@ def _controls(has_tokens: bool) -> tuple[str, float | None, float | None]:
 
 
 def _charts(root_dir: str, run: str, report: object | None, sig: tuple[float, int]) -> None:
-    has_tokens = "tokens" in state.get_store(root_dir).columns(run)
+    has_tokens = "tokens" in state.load_columns(root_dir, run, sig)
     _apply_box_selection()
     x, lo, hi = _controls(has_tokens)
     fig = state.run_chart(root_dir, run, sig, x, lo, hi, state.report_stamp(root_dir, run), report)
