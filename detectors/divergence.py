@@ -31,6 +31,8 @@ LR_LOOKBACK = 128
 PRECURSOR_ACT = 3.0
 PRECURSOR_GRAD = 2.0
 """Activation norm x3 and gradient norm x2 on an accelerating climb: divergence even before the loss moves."""
+RAMP_BLOCKS = 32
+"""Blocks (since the best level, at most) that the ramp-versus-jump test looks at."""
 MIN_RISE = 0.05
 Z_RISE = 3.0
 SUSTAINED = 0.75
@@ -165,6 +167,18 @@ def act_precursor(steps: np.ndarray, act: np.ndarray, grad: np.ndarray, segment:
                            f"x{grad_ratio:.2g} and still climbing, before the loss has moved (OPT's precursor)")
 
 
+class _Offset:
+    """A list indexed as if it started at ``offset`` (block numbers stay global)."""
+
+    def __init__(self, values: list[float], offset: int) -> None:
+        self.values, self.offset = values, offset
+
+    def __getitem__(self, key: int | slice) -> float | list[float]:
+        if isinstance(key, slice):
+            return self.values[key.start - self.offset:key.stop - self.offset]
+        return self.values[key - self.offset]
+
+
 class DivergenceScanner:
     """Incremental over one segment's loss observations, one completed block at a time."""
 
@@ -179,17 +193,21 @@ class DivergenceScanner:
     def advance(self, loss: np.ndarray) -> None:
         self.blocks.update(loss)
         med, mad = self.blocks.med.view, self.blocks.mad.view
+        if len(med) == self.done:
+            return
         # Plain floats: the per-block test is a few comparisons, numpy only on candidate blocks.
-        meds = med.tolist()
-        for b in range(self.done, len(meds)):
+        # Only the last RAMP_BLOCKS + a few blocks are ever looked at again, so only those are converted.
+        offset = max(0, self.done - RAMP_BLOCKS - 8)
+        meds = _Offset(med[offset:].tolist(), offset)
+        for b in range(self.done, len(med)):
             self._judge(b, meds, mad, loss)
-        self.done = len(meds)
+        self.done = len(med)
 
     def _threshold(self) -> float:
         best, _, sigma = self.best
         return max(MIN_RISE * abs(best), Z_RISE * sigma)
 
-    def _judge(self, b: int, med: list[float], mad: np.ndarray, loss: np.ndarray) -> None:
+    def _judge(self, b: int, med: "_Offset", mad: np.ndarray, loss: np.ndarray) -> None:
         m = med[b]
         if m != m:  # NaN block (mostly non-finite)
             return
@@ -211,7 +229,7 @@ class DivergenceScanner:
             return
         # A ramp must explain the blocks since the best level better than a single jump does:
         # a loss that jumped once and stays flat is an unrecovered spike, not a climb.
-        if not ramp_beats_jump(np.asarray(med[max(self.best[1], b - 32):b + 1])):
+        if not ramp_beats_jump(np.asarray(med[max(self.best[1], b - RAMP_BLOCKS):b + 1])):
             return
         start, stop = max(self.best[1] * BLOCK, (b + 1) * BLOCK - MAX_ONSET_WINDOW), (b + 1) * BLOCK
         onset = start + hinge_onset(loss[start:stop])

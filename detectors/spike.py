@@ -27,7 +27,7 @@ import math
 import numpy as np
 
 from runwatch.detectors.finding import Finding
-from runwatch.detectors.series import BLOCK, MIN_BLOCKS, TrailingBaseline, safe_log
+from runwatch.detectors.series import BLOCK, MIN_BLOCKS, Grow, TrailingBaseline, safe_log
 
 Z_LOW = 3.0
 """Robust sigmas above baseline that count as 'out of the band' (excursion extent, recovery)."""
@@ -65,13 +65,15 @@ class SpikeScanner:
         self.episode: dict | None = None
         self.dead_from: int | None = None  # after an unrecovered episode: wait for the band
         self.closed: list[tuple[dict, int, bool | None]] = []  # (episode, end index, recovered)
+        self.log_grad = Grow()
 
     def advance(self, loss: np.ndarray, grad: np.ndarray) -> None:
         """Look at every observation not seen yet; ``loss``/``grad`` are the whole series so far."""
         n = len(loss)
         if n <= self.pos:
             return
-        log_grad = safe_log(grad)
+        self.log_grad.extend(safe_log(grad[self.log_grad.size:n]))  # incremental: O(new rows) per call
+        log_grad = self.log_grad.view
         self._loss, self._log_grad = loss, log_grad
         self.loss_base.update(loss)
         self.grad_base.update(log_grad)

@@ -72,6 +72,18 @@ class StreamingAnalyzer:
     def update(self, row: Mapping[str, object]) -> None:
         """One metrics row (the record's keys; None or missing = not logged). A ``segment`` key, or a
         step that does not advance, starts a new segment."""
+        self._append(row).detectors.advance(self._segments[self._current].views())
+
+    def update_many(self, rows: list[Mapping[str, object]]) -> None:
+        """A flush worth of rows: the same result as ``update`` on each, with one detector pass per segment."""
+        touched: dict[int, _SegmentBuffer] = {}
+        for row in rows:
+            buf = self._append(row)
+            touched[self._current] = buf
+        for buf in touched.values():  # segments are judged independently, so order does not matter
+            buf.detectors.advance(buf.views())
+
+    def _append(self, row: Mapping[str, object]) -> _SegmentBuffer:
         segment = row.get("segment")
         if segment is None:
             segment = self._current if self._current is not None else 0
@@ -84,7 +96,7 @@ class StreamingAnalyzer:
         self._current = segment
         buf = self._segments[segment]
         buf.append(row)
-        buf.detectors.advance(buf.views())
+        return buf
 
     def raw_findings(self) -> list[Finding]:
         out: list[Finding] = []

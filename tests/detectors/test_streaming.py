@@ -54,6 +54,15 @@ def test_streaming_equals_offline_on_an_eventful_run() -> None:
     assert live.rollback == offline.rollback and live.health == offline.health
 
 
+def test_batched_updates_equal_offline() -> None:
+    rows, events = _eventful_run()
+    sa = StreamingAnalyzer(events_table(events))
+    plain = [{k: v for k, v in row.items() if k != "main"} for row in rows.to_pylist()]
+    for i in range(0, len(plain), 37):
+        sa.update_many(plain[i:i + 37])
+    assert sa.report() == analyze(rows, events_table(events))
+
+
 def test_streaming_findings_are_a_prefix_view() -> None:
     # Mid-stream, the report equals the offline report of the rows seen so far.
     rows, events = _eventful_run()
