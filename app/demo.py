@@ -21,6 +21,12 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, TextIO
+
+if TYPE_CHECKING:  # torch is imported only when the demo trains: the dashboard works without it
+    import torch
+
+    from runwatch.collectors import Monitor
 
 DEMO_RUNS = ("demo-rollback", "demo-diverged", "demo-healthy")
 CHECKPOINT_DIR = "checkpoints"  # under the root, beside the run=<id> folders (never read as runs)
@@ -58,7 +64,7 @@ class DemoPlan:
 class Progress:
     """A one-line text progress bar on stderr (no dependency, fine in a log file too)."""
 
-    def __init__(self, total: int, out=sys.stderr, width: int = 30) -> None:
+    def __init__(self, total: int, out: TextIO = sys.stderr, width: int = 30) -> None:
         self.total, self.done, self.out, self.width = max(1, total), 0, out, width
         self._last = 0.0
 
@@ -83,6 +89,22 @@ def _batches(plan: DemoPlan, seed: int, start: int) -> Iterator:
     for _ in range(start):  # the data position after `start` steps: deterministic, so a resume sees the same data
         next(it)
     return it
+
+
+def _inject_faults(plan: DemoPlan, step: int, batch: torch.Tensor, lr: float, mon: Monitor) -> tuple[torch.Tensor, float]:
+    """What goes wrong at ``step``: corrupted batches with an LR burst, then an LR jump that sticks."""
+    import torch
+
+    from runwatch.collectors.tinygpt import TinyGPTConfig
+
+    if plan.bad_batches[0] <= step <= plan.bad_batches[1]:
+        batch = torch.randint(0, TinyGPTConfig().vocab_size, batch.shape)  # uniform noise, not the Markov text
+        lr *= 10.0
+    if step >= plan.lr_jump_at:
+        if step == plan.lr_jump_at:
+            mon.event("config", step, lr_multiplier=100.0, note="pushed config with a 100x learning rate")
+        lr *= 100.0
+    return batch, lr
 
 
 def _train_segment(root: Path, run: str, plan: DemoPlan, *, start: int, stop: int, faults: bool,
@@ -126,13 +148,8 @@ def _train_segment(root: Path, run: str, plan: DemoPlan, *, start: int, stop: in
                 progress.advance(f"{run} skip {step}")
                 continue
             lr = cosine_lr(step, base_lr=plan.base_lr, warmup=30, total=plan.num_steps + 100)
-            if faults and plan.bad_batches[0] <= step <= plan.bad_batches[1]:
-                batch = torch.randint(0, cfg.vocab_size, batch.shape)
-                lr *= 10.0
-            if faults and step >= plan.lr_jump_at:
-                if step == plan.lr_jump_at:
-                    mon.event("config", step, lr_multiplier=100.0, note="pushed config with a 100x learning rate")
-                lr *= 100.0
+            if faults:
+                batch, lr = _inject_faults(plan, step, batch, lr, mon)
             set_lr(optimizer, lr)
             loss, grad_norm = train_step(model, optimizer, batch, scaler=scaler)
             tokens = (step + 1) * plan.batch_size * cfg.seq_len
@@ -150,7 +167,7 @@ def _train_segment(root: Path, run: str, plan: DemoPlan, *, start: int, stop: in
 
 
 def record_demo(root: str | Path, plan: DemoPlan | None = None, *, runs: tuple[str, ...] = DEMO_RUNS,
-                progress_out=sys.stderr) -> list[str]:
+                progress_out: TextIO = sys.stderr) -> list[str]:
     """Record the demo runs (all, or the named subset) under ``root``; returns their names."""
     plan = plan or DemoPlan()
     root = Path(root)

@@ -134,3 +134,16 @@ def test_live_update_reaches_the_overview(monkeypatch: pytest.MonkeyPatch, tmp_p
 def test_no_root_is_an_error_not_a_crash(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     at = open_page(monkeypatch, tmp_path / "missing", "overview")
     assert not at.exception and any("no such directory" in e.value for e in at.error)
+
+
+def test_silent_run_turns_stalled_unless_it_said_it_finished(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    write_jsonl_run(root, "died", spike_lines(200, spike_at=-1))  # its last step is long ago, and it never said why
+    done = spike_lines(200, spike_at=-1) + [{"event": "note", "step": 199, "status": "finished"}]
+    write_jsonl_run(root, "done", done)
+    at = open_page(monkeypatch, root, "overview")
+    no_errors(at)
+    table = at.dataframe(key="overview_table").value
+    health = dict(zip(table["run"], table["health"]))
+    assert health["died"] == "stalled" and health["done"] in ("healthy", "watching")
