@@ -27,38 +27,152 @@ _NUMBER_FULL = f"^{NUMBER_RE}$"
 LONG_GAP_S = 3600.0
 
 
-def read_lines(path: str | Path) -> pa.Array:
-    """The lines of ``path`` as a string array, without newlines (``\\r`` kept; patterns allow it)."""
+def read_text(path: str | Path) -> tuple[pa.Array, bytes | None]:
+    """The lines of ``path`` (as ``read_lines``) and its raw bytes (None when decoded leniently).
+
+    One C++ split of the whole file (a single large string) on newline bytes:
+    no Python object per line, the bytes are copied once.
+    """
     data = Path(path).read_bytes()
-    buf = np.frombuffer(data, dtype=np.uint8)
-    ends = np.flatnonzero(buf == 10)
-    starts = np.concatenate(([0], ends + 1))
-    stops = np.concatenate((ends, [len(data)]))
-    if len(data) and data.endswith(b"\n"):
-        starts, stops = starts[:-1], stops[:-1]
-    if not len(data):
-        return pa.array([], pa.string())
-    # Drop each newline by copying the bytes once without them; offsets follow.
-    keep = np.ones(len(buf), dtype=bool)
-    keep[ends] = False
-    body = buf[keep]
-    lengths = stops - starts
-    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    large = offsets[-1] >= 2**31 - 1
-    arr = pa.Array.from_buffers(pa.large_string() if large else pa.string(), len(lengths),
-                                [None, pa.py_buffer(offsets if large else offsets.astype(np.int32)),
-                                 pa.py_buffer(body)])
+    if not data:
+        return pa.array([], pa.string()), data
+    whole = pa.Array.from_buffers(pa.large_binary(), 1, [None, pa.py_buffer(np.array([0, len(data)], np.int64)),
+                                                         pa.py_buffer(data)])
     try:
-        arr.validate(full=True)
+        whole = whole.cast(pa.large_string())
     except pa.ArrowInvalid:
         # Invalid UTF-8 somewhere: decode leniently so noise never stops an import.
         text = data.decode("utf-8", errors="replace")
         lines = text.split("\n")
         if text.endswith("\n"):
             lines.pop()
-        arr = pa.array(lines, pa.string())
-    return arr
+        return pa.array(lines, pa.string()), None
+    lines = pc.list_flatten(pc.split_pattern(whole, "\n"))
+    if data.endswith(b"\n"):
+        lines = lines.slice(0, len(lines) - 1)
+    return lines, data
+
+
+def read_lines(path: str | Path) -> pa.Array:
+    """The lines of ``path`` as a string array, without newlines (``\\r`` kept; patterns allow it)."""
+    return read_text(path)[0]
+
+
+def offsets(lines: pa.Array) -> np.ndarray:
+    """The int64 value offsets of a string array into its data buffer (slices respected)."""
+    width = np.int64 if pa.types.is_large_string(lines.type) else np.int32
+    raw = np.frombuffer(lines.buffers()[1], dtype=width)
+    return raw[lines.offset:lines.offset + len(lines) + 1].astype(np.int64)
+
+
+def data_bytes(lines: pa.Array) -> np.ndarray:
+    buf = lines.buffers()[2]
+    return np.frombuffer(buf, dtype=np.uint8) if buf is not None else np.zeros(0, np.uint8)
+
+
+def spans(lines: pa.Array, starts: np.ndarray, stops: np.ndarray) -> pa.Array:
+    """The strings ``data[starts[i]:stops[i]]`` of the data buffer of ``lines``, in one C++ gather.
+
+    Spans must be in buffer order and not overlap: then the spans and the gaps
+    between them form a zero-copy string array, and a filter keeps the spans.
+    """
+    n = len(starts)
+    if not n:
+        return pa.array([], pa.large_string())
+    bounds = np.empty(2 * n, dtype=np.int64)
+    bounds[0::2], bounds[1::2] = starts, stops
+    both = pa.Array.from_buffers(pa.large_string(), 2 * n - 1, [None, pa.py_buffer(bounds), lines.buffers()[2]])
+    return both.take(pa.array(np.arange(0, 2 * n - 1, 2)))
+
+
+_WS_BYTES = np.array([9, 10, 12, 13, 32], dtype=np.uint8)  # RE2's \s
+
+
+def trimmed_ends(lines: pa.Array, off: np.ndarray) -> np.ndarray:
+    """Buffer position where each line ends once trailing whitespace is dropped."""
+    ends = off[1:].copy()
+    if not len(ends):
+        return ends
+    nonempty = ends > off[:-1]
+    last = data_bytes(lines)[np.maximum(ends - 1, 0)]
+    ws = np.flatnonzero(nonempty & np.isin(last, _WS_BYTES))
+    if len(ws):
+        kept = pc.binary_length(pc.utf8_rtrim(lines.take(pa.array(ws)), characters=" \t\n\f\r"))
+        ends[ws] = off[ws] + kept.to_numpy(zero_copy_only=False)
+    return ends
+
+
+def keyed_spans(lines: pa.Array, head: int, keys: Sequence[tuple[str, int]]) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Value spans of lines shaped ``HEAD value (KEY value SUFFIX)*``, keys optional but in this order.
+
+    The lines must already match a strict regex of that shape (so a key literal
+    occurs only where its field starts). ``head`` is the length of the fixed
+    head; ``keys`` are (key literal, suffix length). Returns (present, starts,
+    stops) in buffer positions for the head value and for each key.
+    """
+    off = offsets(lines)
+    line_start = off[:-1]
+    nxt = trimmed_ends(lines, off)
+    out = []
+    for key, suffix in reversed(keys):
+        pos = pc.find_substring(lines, key).to_numpy(zero_copy_only=False).astype(np.int64)
+        present = pos >= 0
+        where = line_start + pos
+        out.append((present, where + len(key), nxt - suffix))
+        nxt = np.where(present, where, nxt)
+    out.append((np.ones(len(lines), dtype=bool), line_start + head, nxt))
+    return out[::-1]
+
+
+def floats_at(lines: pa.Array, span: tuple[np.ndarray, np.ndarray, np.ndarray], line_numbers: np.ndarray,
+              path: str | Path, name: str) -> pa.Array:
+    """float64 of the spans (null where absent); a bad number raises naming its line, as ``to_float``."""
+    present, starts, stops = span
+    values = spans(lines, starts[present], stops[present])
+    try:
+        floats = pc.cast(values, pa.float64()).to_numpy(zero_copy_only=False)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        floats = to_float(values, line_numbers[present], path, name).to_numpy(zero_copy_only=False)
+    if present.all():
+        return pa.array(floats)
+    out = np.full(len(present), np.nan)
+    out[present] = floats
+    return pa.array(out, mask=~present)
+
+
+def ints_at(lines: pa.Array, span: tuple[np.ndarray, np.ndarray, np.ndarray], line_numbers: np.ndarray,
+            path: str | Path, name: str) -> pa.Array:
+    """int64 of digit spans present on every line; anything odd goes through ``to_int`` for its error."""
+    present, starts, stops = span
+    values = spans(lines, starts, stops)
+    try:
+        ints = pc.cast(values, pa.int64())
+        if len(ints) and pc.max(pc.abs(ints)).as_py() > 2**62:
+            raise pa.ArrowInvalid("too large")
+        return ints
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return to_int(values, line_numbers, path, name)
+
+
+def lines_containing(lines: pa.Array, raw: bytes | None, literal: str) -> np.ndarray:
+    """Indices of lines containing ``literal``, by a bytes search of the raw file when it is at hand.
+
+    ``bytes.find`` runs several times faster than a per-line Arrow scan and the
+    literals searched this way (checkpoint, overflow) are rare. Line ``i``
+    starts at raw position ``offsets[i] + i`` (one newline dropped per line).
+    """
+    if raw is None or len(raw) != int(offsets(lines)[-1]) + len(lines) - (0 if raw.endswith(b"\n") else 1) \
+            or lines.offset:
+        return np.flatnonzero(pc.fill_null(pc.match_substring(lines, literal), False).to_numpy(zero_copy_only=False))
+    needle, found = literal.encode(), []
+    at = raw.find(needle)
+    while at >= 0:
+        found.append(at)
+        at = raw.find(needle, at + 1)
+    if not found:
+        return np.zeros(0, dtype=np.int64)
+    starts = offsets(lines)[:-1] + np.arange(len(lines))
+    return np.unique(np.searchsorted(starts, np.array(found), side="right") - 1)
 
 
 def empty_to_null(values: pa.Array) -> pa.Array:
