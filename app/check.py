@@ -37,9 +37,10 @@ def present_checkpoint_paths(root: Path, checkpoints: list[dict]) -> set[str] | 
 
 
 def is_live(meta: dict) -> bool:
-    """A run still being recorded (not an archived import, not closed as finished) can stall."""
+    """A run still being recorded (not an archived import, not marked finished) can stall."""
     source = str(meta.get("source") or "")
-    return not source.startswith("import") and not meta.get("finished")
+    status = str(meta.get("status") or "").lower()
+    return not source.startswith("import") and not meta.get("finished") and status not in ("finished", "completed", "ended")
 
 
 def run_check(root: str | Path, run: str, now: float | None = None) -> Report:
@@ -96,7 +97,7 @@ def format_report(run: str, report: Report) -> str:
 
 def main(args: argparse.Namespace) -> int:
     """Entry point of ``runwatch check``; ValueError/OSError/RuntimeError become exit 2 in the CLI."""
-    report = run_check(args.root, args.run)
+    report = run_check(args.root, args.run, now=getattr(args, "now", None))
     if args.json:
         sys.stdout.write(json.dumps(report.to_dict(args.run), allow_nan=False) + "\n")
     else:

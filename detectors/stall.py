@@ -5,7 +5,7 @@ trailing per-step time predicts (``STALL_RATIO`` times, and at least
 ``MIN_STALL_S`` seconds more; a checkpoint write inside the interval is
 allowed for). Live, with ``now``: no new observation for ``STALL_RATIO`` times
 the expected wait, and at least ``LIVE_MIN_S`` (collectors flush in bulk, so a
-minute of silence is normal).
+minute of silence is normal), but not more than ``LIVE_MAX_S`` (an archive).
 
 ``slowdown``: step time stays above its trailing baseline by at least
 ``MIN_SLOWDOWN`` (4%) and ``Z_SLOW`` robust sigmas for ``MIN_SLOW_OBS``
@@ -28,6 +28,8 @@ from runwatch.detectors.series import Grow, TrailingBaseline
 STALL_RATIO = 10.0
 MIN_STALL_S = 1.0
 LIVE_MIN_S = 300.0
+LIVE_MAX_S = 3 * 86400.0
+"""Silent for more than 3 days: the run ended (or is an archive), it is not 'stalled' any more."""
 MIN_SLOWDOWN = 0.04
 Z_SLOW = 6.0
 MIN_SLOW_OBS = 3
@@ -111,7 +113,7 @@ def live_stall(steps: np.ndarray, times: np.ndarray, now: float, segment: int) -
         return None
     expected = max(per_step * spacing, 0.0)
     silence = now - float(times[-1])
-    if silence <= max(STALL_RATIO * expected, LIVE_MIN_S):
+    if silence <= max(STALL_RATIO * expected, LIVE_MIN_S) or silence > LIVE_MAX_S:
         return None
     return Finding(
         kind="stall", onset_step=int(steps[-1]), end_step=int(steps[-1]), peak_step=int(steps[-1]),

@@ -117,3 +117,21 @@ def test_write_import_store_with_nan_and_fp16(tmp_path: Path) -> None:
     [f] = out["findings"]
     assert f["kind"] == "nan" and f["onset_step"] == 700
     assert out["rollback"]["checkpoint_step"] == 600 and any("BF16" in a for a in out["rollback"]["actions"])
+
+
+def test_live_run_that_went_silent_is_stalled(tmp_path: Path) -> None:
+    import argparse
+    import time
+
+    from runwatch.app.check import main
+
+    n = 300
+    now = time.time()
+    rows = [{"step": s, "time": now - 3600 + s * 1.0, "loss": float(l)} for s, l in enumerate(loss_curve(n))]
+    write_import(tmp_path, "live", ParsedLog.from_rows(rows), meta={"source": "monitor"})
+    args = argparse.Namespace(root=str(tmp_path), run="live", json=True, now=now)
+    assert main(args) == 1  # silent for ~55 min after 1 s steps
+    args.now = now - 3600 + n + 30  # 30 s after the last step: fine
+    assert main(args) == 0
+    write_import(tmp_path, "archive", ParsedLog.from_rows(rows), meta={"source": "import:jsonl"})
+    assert main(argparse.Namespace(root=str(tmp_path), run="archive", json=True, now=now)) == 0
