@@ -39,6 +39,9 @@ MIN_GRAD_RATIO = 4.0
 """A gradient-norm excursion must at least quadruple the norm: real runs (llm.c) have many 2-3x blips."""
 MIN_FAR_OUT = 2
 """Observations beyond ``Z_HIGH`` a loss spike needs; fewer (with a quiet gradient norm) is batch noise."""
+BAD_BATCH_RATIO = 2.0
+"""A single observation at twice the loss level is a bad batch worth an 'info' line, not batch noise
+(heavy-tailed per-step noise, e.g. modded-nanogpt, stays under about 1.6x)."""
 SHORT_SPIKE = 3
 """A recovered spike out of band for at most this many observations is 'info' (a bad batch or two)."""
 RECOVERY_WINDOW = 200
@@ -223,12 +226,14 @@ def classify(ep: dict, end: int, recovered: bool | None, steps: np.ndarray, loss
     finite_g = np.where(np.isfinite(span_grad), span_grad, -np.inf)
     peak_g = float(finite_g.max()) if len(finite_g) else -math.inf
     grad_spike = math.isfinite(base_g) and peak_g > base_g + Z_HIGH * scale_g and peak_g - base_g >= math.log(MIN_GRAD_RATIO)
+    bad_batch = loss_spike and base_l > 0 and peak_loss >= BAD_BATCH_RATIO * base_l
     if loss_spike and num_loss_high >= MIN_FAR_OUT:
         blip = False
-    elif grad_spike:
+    elif grad_spike or bad_batch:
         blip = True
         if not loss_spike:
             peak_i = int(np.argmax(finite_g))
+        what_blip = "gradient-norm blip" if grad_spike else "one-step loss spike (a bad batch?)"
     else:
         return None  # a one-observation loss bump with a quiet gradient norm: batch noise
     if recovered is None and not blip and len(span_loss) >= STILL_OUT and bool(np.all(span_loss[-STILL_OUT:] > ep["loss_band"])):
@@ -254,7 +259,7 @@ def classify(ep: dict, end: int, recovered: bool | None, steps: np.ndarray, loss
                             if math.isfinite(base_g) and np.isfinite(span_grad).any() else None),
         "lr_ratio": _lr_ratio(lr, onset, end),
     }
-    what = "gradient-norm blip" if blip else "loss spike"
+    what = what_blip if blip else "loss spike"
     span = end - onset + 1
     state = {True: "back to its pre-spike trend", False: f"not back to trend after {span} observations",
              None: "not back to trend yet"}[recovered]

@@ -85,6 +85,14 @@ def test_two_step_bad_batch_is_an_info_spike() -> None:
     assert (f.onset_step, f.end_step) == (1500, 1501) and f.severity == "info" and not f.needs_action
 
 
+def test_one_step_bad_batch_at_five_times_the_loss_is_info() -> None:
+    steps = np.arange(N)
+    loss = loss_curve(N)
+    loss[1500] *= 5.0
+    [f] = detect_spikes(steps, loss, np.full(N, np.nan))
+    assert (f.onset_step, f.severity, f.self_recovered, f.needs_action) == (1500, "info", True, False)
+
+
 def test_lr_step_decay_is_not_a_finding() -> None:
     steps = np.arange(N)
     loss = loss_curve(N)
