@@ -1,1 +1,10 @@
-"""runwatch.detectors: pure functions from a run's series to findings, segments and rollback advice."""
+"""runwatch.detectors: pure functions from a run's series to findings, segments and rollback advice.
+
+Entry points: ``analysis.analyze(rows, events, now)`` (offline, one run) and
+``streaming.StreamingAnalyzer`` (live, row by row; same findings). One module
+per failure mode: ``spike``, ``divergence``, ``scaler_collapse``, ``nan``,
+``stall`` (stall and slowdown); ``segments`` (restarts and abandoned
+branches), ``advisor`` (rollback advice), ``finding`` (the records),
+``series`` (robust trailing baselines), ``segment_scan`` (all detectors over
+one segment, shared by both paths). No I/O, no torch, no Streamlit here.
+"""
