@@ -82,12 +82,16 @@ class TrailingBaseline:
     ``base(b)`` is the lower of the median of the trailing block medians and the
     last block's median: the median resists a spike inside one block, the last
     block follows a falling loss without lagging a whole window behind.
+    With ``follow_last=False`` (step times: no trend to follow, tiny blocks
+    whose medians are noisy) it is the plain median of the block medians.
     ``scale(b)`` is the median trailing MAD as a sigma, floored so a constant
     series does not make every rounding error an infinite z-score.
     """
 
-    def __init__(self, rel_floor: float, abs_floor: float, block: int = BLOCK) -> None:
+    def __init__(self, rel_floor: float, abs_floor: float, block: int = BLOCK, num_blocks: int = NUM_BLOCKS,
+                 follow_last: bool = True) -> None:
         self.rel_floor, self.abs_floor, self.block = rel_floor, abs_floor, block
+        self.window, self.follow_last = num_blocks, follow_last
         self.med, self.mad = Grow(), Grow()
         self.base_of, self.scale_of = Grow(), Grow()
         self.base_of.append(np.nan)  # block 0 has no history
@@ -108,16 +112,17 @@ class TrailingBaseline:
         self.mad.extend(mad)
         # Baselines for blocks done+1 .. ready (each uses the blocks before it).
         all_med, all_mad = self.med.view, self.mad.view
-        first = max(done + 1 - NUM_BLOCKS, 0)
-        pad = np.full(NUM_BLOCKS - 1, np.nan)
-        med_w = np.lib.stride_tricks.sliding_window_view(np.concatenate([pad, all_med[first:ready]]), NUM_BLOCKS)
-        mad_w = np.lib.stride_tricks.sliding_window_view(np.concatenate([pad, all_mad[first:ready]]), NUM_BLOCKS)
+        k = self.window
+        first = max(done + 1 - k, 0)
+        pad = np.full(k - 1, np.nan)
+        med_w = np.lib.stride_tricks.sliding_window_view(np.concatenate([pad, all_med[first:ready]]), k)
+        mad_w = np.lib.stride_tricks.sliding_window_view(np.concatenate([pad, all_mad[first:ready]]), k)
         # Row r of med_w ends at block first + r; we want windows ending at done .. ready-1.
         med_w, mad_w = med_w[done - first:], mad_w[done - first:]
         enough = np.isfinite(med_w).sum(axis=1) >= MIN_BLOCKS
         centre = row_median(med_w, MIN_BLOCKS)
         last = med_w[:, -1]
-        base = np.where(np.isfinite(last), np.fmin(centre, last), centre)
+        base = np.where(np.isfinite(last), np.fmin(centre, last), centre) if self.follow_last else centre
         spread = MAD_TO_SIGMA * row_median(mad_w, 1)
         floor = self.rel_floor * np.abs(base) + self.abs_floor
         scale = np.fmax(np.where(np.isfinite(spread), spread, floor), floor)

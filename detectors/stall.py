@@ -130,7 +130,7 @@ class SlowdownScanner:
         self.pos = 0
         # Small blocks: step time is often logged sparsely (every 100 steps), and a
         # slowdown early in the run (Megatron golden run, steps 2100-2300) must not fall in warm-up.
-        self.base = TrailingBaseline(rel_floor=0.005, abs_floor=1e-9, block=SLOW_BLOCK)
+        self.base = TrailingBaseline(rel_floor=0.005, abs_floor=1e-9, block=SLOW_BLOCK, num_blocks=8, follow_last=False)
         self.slow_tail = 0  # slow observations in a row at the end of the last call (idle only)
         self.episode: dict | None = None
         self.closed: list[tuple[dict, int, bool | None]] = []
