@@ -103,7 +103,10 @@ def _position(main: dict[str, np.ndarray], name: str, step: int) -> int | None:
 
 def skip_window(ckpt_step: int | None, target: Finding, main: dict[str, np.ndarray]) -> tuple[list[int], dict]:
     a = max((ckpt_step + 1) if ckpt_step is not None else 0, target.onset_step - REPLAY_BEFORE)
-    b = max(target.peak_step + SKIP_AFTER, a + MIN_SKIP - 1)
+    # A spike's batches run to its peak; for a divergence, NaN or collapse the peak is often the last
+    # step logged, and the data near the onset is what to skip (the real fix is elsewhere).
+    anchor = target.peak_step if target.kind == "spike" else target.onset_step
+    b = max(anchor + SKIP_AFTER, a + MIN_SKIP - 1)
     extra = {}
     for name in ("samples", "tokens"):
         lo, hi = _position(main, name, a - 1), _position(main, name, b)
