@@ -22,6 +22,8 @@ from runwatch.detectors.advisor import checkpoints_from_events
 from runwatch.detectors.analysis import Report, analyze
 
 EXIT_OK, EXIT_ACTION, EXIT_USAGE = 0, 1, 2
+MAX_HISTORY = 10
+"""History lines in the human view: the newest ten; --json has them all."""
 
 
 def present_checkpoint_paths(root: Path, checkpoints: list[dict]) -> set[str] | None:
@@ -73,6 +75,9 @@ def format_report(run: str, report: Report) -> str:
     for title, group in (("open", open_), ("history", history)):
         if group:
             lines.append(f"{title}:")
+        if title == "history" and len(group) > MAX_HISTORY:
+            lines.append(f"  ... {len(group) - MAX_HISTORY} older (see --json)")
+            group = group[-MAX_HISTORY:]
         for f in group:
             flag = "ACTION" if f.needs_action and f.open else f.severity
             lines.append(f"  [{flag}] {f.kind} seg {f.segment} steps {f.onset_step}-{f.end_step}: {f.message}")
