@@ -17,7 +17,6 @@ clipping (OPT 1.0 -> 0.3); for NaN or scaler collapse under fp16, consider BF16.
 from __future__ import annotations
 
 import json
-import math
 
 import numpy as np
 import pyarrow as pa
