@@ -99,7 +99,8 @@ def _judge(root_dir: str, run: str) -> tuple[object | None, str | None, float]:
         now = None if views.is_finished(events) else time.time()
         report = analyze(store.rows(run, rank=0), events, now=now)
         return report, None, time.perf_counter() - t0
-    except (ValueError, RuntimeError, OSError) as err:
+    except (ValueError, RuntimeError, OSError, MemoryError) as err:
+        # Shown on the page (and cached, so a run too big to judge is not retried every tick).
         return None, f"{type(err).__name__}: {err}", time.perf_counter() - t0
 
 
