@@ -303,6 +303,7 @@ class Monitor:
             "num_parameters": sum(p.numel() for p in self._params) if self._params else None,
             "host": socket.gethostname(),
             "torch_version": torch.__version__,
+            "finished": False,  # a (re)started run is live until close(): only a live run can stall
             **dict(meta or {}),
         }
 
@@ -313,6 +314,8 @@ class Monitor:
         if self._closed:
             return
         self.flush()
+        if self.rank == 0:
+            self._writer.submit(RunMetaUpdate(self.run, {"finished": True, "finished_time": time.time()}))
         self._closed = True
         if self._hook is not None:
             self._hook.remove()

@@ -73,6 +73,7 @@ def test_fp32_training_is_stored_exactly(tmp_path: Path) -> None:
         meta = store.meta("fp32")
         assert meta["precision"] == "float32" and meta["world_size"] == 1
         assert meta["monitor"]["flush_every_steps"] == 32
+        assert meta["finished"] is True  # close() marks the run finished, so it is never called stalled
 
 
 def test_grad_scaler_overflow_is_recorded(tmp_path: Path) -> None:

@@ -23,11 +23,8 @@ pytestmark = pytest.mark.skipif(not REALRUNS.is_dir(), reason=f"real logs not fo
 _SHORT = ("excerpt of {} observations: shorter than the 32-observation warm-up every detector needs before it "
           "judges (detectors/series.py MIN_BLOCKS * BLOCK), though a person sees the jump at once")
 KNOWN_MISSES: dict[str, str] = {
-    "bloom-spike": _SHORT.format(11),
     "tr8-exp1-spike": _SHORT.format(3),
     "tr8-exp11-spike": _SHORT.format(3),
-    "tr8-exp12-spike": _SHORT.format(6),
-    "tr1-13b-spike": _SHORT.format(8) + "; the loss-scale drop there is reported as scaler_collapse",
 }
 
 
