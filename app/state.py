@@ -90,13 +90,16 @@ def _reports() -> dict:
 
 
 def _judge(root_dir: str, run: str) -> tuple[object | None, str | None, float]:
+    from runwatch.app.check import is_live
     from runwatch.detectors.analysis import analyze
 
     store = get_store(root_dir)
     t0 = time.perf_counter()
     try:
         events = store.events(run)
-        now = None if views.is_finished(events) else time.time()
+        # Same rule as `runwatch check`: archived imports and finished runs cannot stall.
+        live = is_live(store.meta(run)) and not views.is_finished(events)
+        now = time.time() if live else None
         report = analyze(store.rows(run, rank=0), events, now=now)
         return report, None, time.perf_counter() - t0
     except (ValueError, RuntimeError, OSError, MemoryError) as err:

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
 from streamlit.testing.v1 import AppTest
 
 from runwatch.app.state import ROOT_ENV
+from runwatch.data.record import metrics_table
+from runwatch.data.storage import StagedWrite
 from tests.app.conftest import spike_lines, write_jsonl_run
 
 ENTRY = Path(__file__).resolve().parents[2] / "app" / "dashboard.py"
@@ -139,11 +142,17 @@ def test_no_root_is_an_error_not_a_crash(monkeypatch: pytest.MonkeyPatch, tmp_pa
 def test_silent_run_turns_stalled_unless_it_said_it_finished(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     root = tmp_path / "root"
     root.mkdir()
-    write_jsonl_run(root, "died", spike_lines(200, spike_at=-1))  # its last step is long ago, and it never said why
-    done = spike_lines(200, spike_at=-1) + [{"event": "note", "step": 199, "status": "finished"}]
-    write_jsonl_run(root, "done", done)
+    t0 = time.time() - 1800  # steps every 0.1 s, the last one about half an hour ago
+    rows = metrics_table(spike_lines(200, spike_at=-1, t0=t0))
+    with StagedWrite(root) as staged:  # what a live Monitor leaves behind when its trainer dies
+        for run in ("died", "done"):
+            staged.add_metrics(run, 0, 0, rows)
+            staged.add_run_meta(run, {"precision": "float32"})
+        staged.add_events("done", 0, 0, [{"event": "note", "step": 199, "time": t0 + 20, "status": "finished"}])
+    write_jsonl_run(root, "archived", spike_lines(200, spike_at=-1, t0=t0))  # an import is history, not live
     at = open_page(monkeypatch, root, "overview")
     no_errors(at)
     table = at.dataframe(key="overview_table").value
     health = dict(zip(table["run"], table["health"]))
-    assert health["died"] == "stalled" and health["done"] in ("healthy", "watching")
+    assert health["died"] == "stalled"
+    assert health["done"] in ("healthy", "watching") and health["archived"] in ("healthy", "watching")
