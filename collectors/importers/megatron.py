@@ -14,6 +14,10 @@ since the previous iteration line. ``validation loss at iteration N`` lines add
 process; Megatron prints from one rank, so rows are rank 0 unless several ranks
 print different values. Iteration lines hard-wrapped by other tools are rejoined.
 The log has no wall clock on these lines, so ``time`` stays null.
+
+Speed: one anchored RE2 pass finds the iteration and validation lines, the
+field text is split in C++ and pivoted per distinct key (megatron_fields),
+and the rare event literals are found by a bytes search of the raw file.
 """
 
 from __future__ import annotations
@@ -30,13 +34,17 @@ from runwatch.collectors.importers.base import LogFormatError, ParsedLog
 from runwatch.collectors.importers.megatron_fields import (
     fields_to_columns, find_events,
 )
-from runwatch.collectors.importers.textlog import build_table, merge_same_step, parse_each, read_lines, select
+from runwatch.collectors.importers.textlog import (
+    build_table, data_bytes, lines_containing, merge_same_step, offsets, parse_each, read_text,
+)
 
 _PREFIX = r"^\s*(?:\[default(?P<rank>\d+)\]:)?\s*"
 ITERATION_START = _PREFIX + r"iteration\s+[^\s=(,]+\s*/"
-_ITERATION = _PREFIX + r"iteration\s+(?P<step>\d+)\s*/\s*(?P<total>\d+)\s*\|(?P<rest>.*)$"
+_ITERATION = _PREFIX + r"iteration\s+(?P<step>\d+)\s*/\s*\d+\s*\|"
 VALID_START = _PREFIX + r"valid(?:ation)? loss at iteration\s"
-_VALID = _PREFIX + r"valid(?:ation)? loss at iteration\s+(?P<step>\d+)\s*\|(?P<rest>.*)$"
+_VALID = _PREFIX + r"valid(?:ation)? loss at iteration\s+(?P<step>\d+)\s*\|"
+# One anchored pass over every line finds both kinds (RE2 gives up on noise after a few bytes).
+_EITHER_START = r"^\s*(?:\[default\d+\]:)?\s*(?:iteration\s|valid)"
 _CONTINUATION_STOP = re.compile(r"^\s*(\[default\d+\]:\s*)?(iteration\s|valid|time \(ms\)|\[\d{4}-|$|#|\.\.\.)")
 
 
@@ -45,17 +53,25 @@ def sniff(head: str) -> bool:
     return re.search(r"(?m)^\s*(\[default\d+\]:)?\s*iteration\s+\d+\s*/\s*\d+\s*\|", head) is not None
 
 
-def _rejoin(lines: pa.Array, idx: np.ndarray) -> tuple[list[str], np.ndarray]:
-    """Iteration lines, with hard-wrapped ones joined back to their continuation lines."""
-    texts = lines.take(pa.array(idx)).to_pylist()
-    ends_open = [not t.rstrip().endswith("|") for t in texts]
-    if not any(ends_open):
-        return texts, idx
-    n = len(lines)
-    for k, i in enumerate(idx):
-        if not ends_open[k]:
-            continue
-        joined, j = texts[k].rstrip("\r"), int(i) + 1
+def _mask(values: pa.Array) -> np.ndarray:
+    return pc.fill_null(values, False).to_numpy(zero_copy_only=False)
+
+
+def _rejoin(lines: pa.Array, idx: np.ndarray, texts: pa.Array) -> pa.Array:
+    """The iteration lines ``texts`` (at ``idx``), with hard-wrapped ones joined back to their continuations."""
+    if not len(texts):
+        return texts
+    # Only a line whose last byte is not '|' can be open; Python looks at those few.
+    last = data_bytes(texts)[np.maximum(offsets(texts)[1:] - 1, 0)]
+    maybe = np.flatnonzero((last != ord("|")) | (np.diff(offsets(texts)) == 0))
+    open_k = [int(k) for k, t in zip(maybe, texts.take(pa.array(maybe, pa.int64())).to_pylist())
+              if not t.rstrip().endswith("|")]
+    if not open_k:
+        return texts
+    n, joined_texts = len(lines), []
+    for k in open_k:
+        i = int(idx[k])
+        joined, j = texts[k].as_py().rstrip("\r"), i + 1
         # A wrapper breaks at a column; the continuation is at most a few lines of fields.
         while j < n and j <= i + 3 and not joined.rstrip().endswith("|"):
             nxt = lines[j].as_py().rstrip("\r")
@@ -63,48 +79,51 @@ def _rejoin(lines: pa.Array, idx: np.ndarray) -> tuple[list[str], np.ndarray]:
                 break
             joined += nxt
             j += 1
-        texts[k] = joined
-    return texts, idx
-
-
-def _matching(lines: pa.Array, literal: str | list[str], pattern: str | None = None) -> np.ndarray:
-    return select(lines, literal, pattern)
+        joined_texts.append(joined)
+    mask = np.zeros(len(texts), dtype=bool)
+    mask[open_k] = True
+    return pc.replace_with_mask(texts, pa.array(mask), pa.array(joined_texts, texts.type))
 
 
 def _parse_kind(texts: pa.Array, idx: np.ndarray, pattern: str, path: Path, skip: bool,
                 prefix: str) -> tuple[dict[str, pa.Array], np.ndarray, int]:
     """Columns of the iteration (or validation) lines ``texts`` found at line indices ``idx``."""
-    parts = pc.extract_regex(texts, pattern)
-    ok = pc.is_valid(parts).to_numpy(zero_copy_only=False)
+    heads = pc.extract_regex(texts, pattern)
+    ok = pc.is_valid(heads).to_numpy(zero_copy_only=False)
     num_skipped = 0
     if not ok.all():
         bad = int(np.flatnonzero(~ok)[0])
         if not skip:
             raise LogFormatError(path, int(idx[bad]) + 1,
                                  f"expected 'iteration N/ M | key: value | ...', got {texts[bad].as_py()[:200]!r}")
-        num_skipped, idx, parts = int((~ok).sum()), idx[ok], parts.filter(pa.array(ok))
-    columns, good = fields_to_columns(parts, idx, path, skip, prefix)
+        keep = pa.array(ok)
+        num_skipped, idx, heads, texts = int((~ok).sum()), idx[ok], heads.filter(keep), texts.filter(keep)
+    columns, good = fields_to_columns(texts, heads, idx, path, skip, prefix)
     num_skipped += int((~good).sum())
     return columns, idx[good], num_skipped
 
 
 def parse_file(path: Path, skip_bad_lines: bool) -> ParsedLog:
-    lines = read_lines(path)
-    it_idx = _matching(lines, "iteration", ITERATION_START)
+    lines, raw = read_text(path)
+    cand = np.flatnonzero(_mask(pc.match_substring_regex(lines, _EITHER_START)))
+    heads = lines.take(pa.array(cand, pa.int64()))
+    is_it = _mask(pc.match_substring_regex(heads, ITERATION_START))
+    it_idx = cand[is_it]
+    val_idx = cand[_mask(pc.match_substring_regex(heads, VALID_START))]
     if not len(it_idx):
         raise LogFormatError(path, None, f"no megatron iteration lines ('iteration N/ M | ...') found in {path}")
-    texts, it_idx = _rejoin(lines, it_idx)
-    train, it_idx, num_skipped = _parse_kind(pa.array(texts, pa.string()), it_idx, _ITERATION, path,
-                                             skip_bad_lines, "")
-    val_idx = _matching(lines, "loss at iteration", VALID_START)
-    val, val_idx, num_bad_val = _parse_kind(lines.take(pa.array(val_idx)), val_idx, _VALID, path, skip_bad_lines, "val_")
-    _mark_overflows(train, it_idx, _matching(lines, ["OVERFLOW!", "Overflow detected"]))
+    texts = _rejoin(lines, it_idx, heads if is_it.all() else heads.filter(pa.array(is_it)))
+    train, it_idx, num_skipped = _parse_kind(texts, it_idx, _ITERATION, path, skip_bad_lines, "")
+    val, val_idx, num_bad_val = _parse_kind(lines.take(pa.array(val_idx, pa.int64())), val_idx, _VALID, path,
+                                            skip_bad_lines, "val_")
+    overflows = np.union1d(lines_containing(lines, raw, "OVERFLOW!"), lines_containing(lines, raw, "Overflow detected"))
+    _mark_overflows(train, it_idx, overflows)
     tables = [build_table(c) for c, i in ((train, it_idx), (val, val_idx)) if len(i)]
     table = pa.concat_tables(tables, promote_options="permissive") if tables else build_table({"step": pa.array([], pa.int64())})
     line_idx = np.concatenate([it_idx, val_idx])
     order = np.argsort(line_idx, kind="stable")
     table, keep = _rank_rows(table.take(pa.array(order)))
-    events, breaks = find_events(lines, line_idx[order][keep])
+    events, breaks = find_events(lines, line_idx[order][keep], raw)
     return merge_same_step(ParsedLog(table, events, num_skipped + num_bad_val, breaks))
 
 

@@ -1,12 +1,15 @@
 """The ``key: value | key: value`` fields of Megatron lines, and its checkpoint/resume lines.
 
 Split from ``megatron.py`` so each stays small: this module turns the field
-text of many lines into record columns in a few vectorised passes (split on
-``|``, one RE2 extract, one pivot per distinct key) and finds events.
+text of many lines into record columns in a few vectorised passes (one C++
+split on ``|``, fields cut at their colon by position, one DFA check of the
+values, keys handled once per distinct key, one pivot per column) and finds
+events (literal byte search of the raw file, RE2 only on the hit lines).
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +17,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from runwatch.collectors.importers.base import LogFormatError
-from runwatch.collectors.importers.textlog import NUMBER_RE, sanitize_name, select, to_int
+from runwatch.collectors.importers.textlog import (
+    NUMBER_RE, lines_containing, offsets, sanitize_name, spans, to_int,
+)
 
 # Field keys with all whitespace removed (hard-wrapping can drop or keep a space) -> (column, scale).
 TRAIN_KEYS: dict[str, tuple[str, float]] = {
@@ -38,8 +43,9 @@ VAL_KEYS: dict[str, tuple[str, float]] = {
     "lmlossvalue": ("val_loss", 1.0),
     "lmlossppl": ("val_ppl", 1.0),
 }
-_FIELD = rf"^(?P<key>[^:]*[A-Za-z)][^:]*?)\s*:\s*(?P<val>{NUMBER_RE})$"
+_VALUE = rf"^\s*{NUMBER_RE}$"
 _INT_COLUMNS = ("samples", "tokens")
+_HAS_NAME = re.compile(r"[A-Za-z)]")
 
 
 def _column_name(norm_key: str, raw_key: str, prefix: str) -> tuple[str, float]:
@@ -49,46 +55,88 @@ def _column_name(norm_key: str, raw_key: str, prefix: str) -> tuple[str, float]:
     return sanitize_name(raw_key, prefix), 1.0
 
 
-def fields_to_columns(parts: pa.StructArray, idx: np.ndarray, path: Path, skip: bool,
+def _fields(texts: pa.Array) -> tuple[pa.Array, np.ndarray]:
+    """The trimmed, non-empty ``|``-separated fields after each line's head, and the row of each."""
+    lists = pc.split_pattern(texts, "|")
+    loff = offsets(lists)
+    flat = pc.utf8_trim_whitespace(pc.list_flatten(lists))
+    parent = np.repeat(np.arange(len(texts)), np.diff(loff))
+    keep = pc.not_equal(flat, "").to_numpy(zero_copy_only=False)
+    keep[loff[:-1][np.diff(loff) > 0] - loff[0]] = False  # the head before the first '|'
+    return flat.filter(pa.array(keep)), parent[keep]
+
+
+def _split_fields(flat: pa.Array) -> tuple[pa.Array, pa.Array]:
+    """Each ``key: value`` field cut at its first colon (a field without one is all key, empty value)."""
+    off = offsets(flat)
+    colon = pc.find_substring(flat, ":").to_numpy(zero_copy_only=False).astype(np.int64)
+    cut = np.where(colon >= 0, off[:-1] + colon, off[1:])
+    return spans(flat, off[:-1], cut), spans(flat, np.minimum(cut + 1, off[1:]), off[1:])
+
+
+def _key_columns(keys: pa.Array, ok: np.ndarray, prefix: str) -> tuple[np.ndarray, np.ndarray, list[tuple[str, float]]]:
+    """Per field: whether its key names a value, and its column's number (into the returned names)."""
+    encoded = pc.dictionary_encode(keys)
+    codes = encoded.indices.to_numpy(zero_copy_only=False)
+    raws = encoded.dictionary.to_pylist()
+    named = np.array([_HAS_NAME.search(raw) is not None for raw in raws], dtype=bool)
+    ok = ok & named[codes]
+    # Keys are compared without case or whitespace; the first good field of a key names its column.
+    norms = pc.replace_substring_regex(pc.utf8_lower(encoded.dictionary), r"\s+", "").to_pylist()
+    # First good field of each key: written backwards, the earliest position lands last.
+    first = np.full(len(raws), -1, dtype=np.int64)
+    good_at = np.flatnonzero(ok)
+    first[codes[good_at][::-1]] = good_at[::-1]
+    order = sorted((int(first[code]), code) for code in np.flatnonzero(first >= 0))
+    col_of_norm: dict[str, int] = {}
+    names: list[tuple[str, float]] = []
+    col_of_code = np.full(len(raws), -1, dtype=np.int64)
+    for _, code in order:
+        norm = norms[code]
+        if norm not in col_of_norm:
+            col_of_norm[norm] = len(names)
+            names.append(_column_name(norm, " ".join(raws[code].split()), prefix))
+        col_of_code[code] = col_of_norm[norm]
+    return ok, col_of_code[codes], names
+
+
+def fields_to_columns(texts: pa.Array, heads: pa.StructArray, idx: np.ndarray, path: Path, skip: bool,
                       prefix: str) -> tuple[dict[str, pa.Array], np.ndarray]:
-    """Record columns of ``len(idx)`` lines from their ``step``, ``rank`` and ``rest`` groups.
+    """Record columns of ``len(idx)`` lines from their text (fields after the head) and ``step``/``rank`` groups.
 
     Returns the columns (only good lines) and the mask of good lines; with
     ``skip`` false the first malformed field raises naming its line.
     """
     n = len(idx)
     good = np.ones(n, dtype=bool)
-    lists = pc.split_pattern(parts.field("rest"), "|")
-    flat = pc.utf8_trim_whitespace(pc.list_flatten(lists))
-    parent = pc.list_parent_indices(lists).to_numpy(zero_copy_only=False)
-    nonempty = pc.not_equal(flat, "").to_numpy(zero_copy_only=False)
-    flat, parent = flat.filter(pa.array(nonempty)), parent[nonempty]
-    kv = pc.extract_regex(flat, _FIELD)
-    ok = pc.is_valid(kv).to_numpy(zero_copy_only=False)
+    flat, parent = _fields(texts)
+    keys, values = _split_fields(flat)
+    ok = pc.fill_null(pc.match_substring_regex(values, _VALUE), False).to_numpy(zero_copy_only=False)
+    ok, column, names = _key_columns(keys, ok, prefix)
     if not ok.all():
         bad = int(np.flatnonzero(~ok)[0])
         if not skip:
             raise LogFormatError(path, int(idx[parent[bad]]) + 1,
                                  f"expected 'key: number' fields between '|', got {flat[bad].as_py()[:120]!r}")
         good[parent[~ok]] = False
-    keys, values = kv.field("key"), kv.field("val")
-    norm = pc.replace_substring_regex(pc.utf8_lower(keys), r"\s+", "")
-    floats = pc.cast(pc.if_else(pa.array(ok), values, pa.scalar("nan")), pa.float64()).to_numpy(zero_copy_only=False)
+    floats = np.full(len(values), np.nan)
+    if ok.any():
+        floats[ok] = pc.cast(pc.utf8_ltrim(values.filter(pa.array(ok)), characters=" \t\n\f\r"),
+                             pa.float64()).to_numpy(zero_copy_only=False)
+    # One scatter into a line x key grid (a key twice on a line: the later one wins), then keys -> columns.
+    grid = np.full((n, len(names)), np.nan)
+    seen = np.zeros((n, len(names)), dtype=bool)
+    grid[parent[ok], column[ok]] = floats[ok]
+    seen[parent[ok], column[ok]] = True
     columns: dict[str, np.ndarray] = {}
     valid: dict[str, np.ndarray] = {}
-    encoded = pc.dictionary_encode(norm)
-    codes = pc.fill_null(encoded.indices, -1).to_numpy(zero_copy_only=False)
-    for code, key in enumerate(encoded.dictionary.to_pylist()):
-        sel = ok & (codes == code)
-        if key is None or not sel.any():
-            continue
-        raw = keys.filter(pa.array(sel))[0].as_py()
-        name, scale = _column_name(key, " ".join(raw.split()), prefix)
+    for number, (name, scale) in enumerate(names):
         col = columns.setdefault(name, np.full(n, np.nan))
         val = valid.setdefault(name, np.zeros(n, dtype=bool))
-        col[parent[sel]] = floats[sel] * scale
-        val[parent[sel]] = True
-    out: dict[str, pa.Array] = {"step": to_int(parts.field("step"), idx + 1, path, "iteration")}
+        here = seen[:, number]
+        col[here] = grid[here, number] * scale
+        val |= here
+    out: dict[str, pa.Array] = {"step": to_int(heads.field("step"), idx + 1, path, "iteration")}
     for name, col in columns.items():
         out[name] = pa.array(col, mask=~valid[name])
     for name in _INT_COLUMNS:
@@ -96,7 +144,7 @@ def fields_to_columns(parts: pa.StructArray, idx: np.ndarray, path: Path, skip: 
             out[name] = _as_int(out[name], idx, path, name)
     if "skipped_iterations" in out:
         out["found_inf"] = pc.greater(out["skipped_iterations"], 0.0)
-    rank = parts.field("rank")
+    rank = heads.field("rank")
     if pc.any(pc.not_equal(rank, "")).as_py():
         out["rank"] = pc.cast(pc.if_else(pc.equal(rank, ""), "0", rank), pa.int32())
     mask = pa.array(good)
@@ -115,18 +163,24 @@ def _as_int(values: pa.Array, idx: np.ndarray, path: Path, name: str) -> pa.Arra
     return pc.cast(values, pa.int64())
 
 
-def _matches(lines: pa.Array, literal: str, pattern: str) -> tuple[np.ndarray, pa.StructArray]:
-    idx = select(lines, literal, pattern)
-    return idx, pc.extract_regex(lines.take(pa.array(idx)), pattern)
+def _matches(lines: pa.Array, cand: np.ndarray, literal: str, pattern: str) -> tuple[np.ndarray, pa.StructArray]:
+    """Lines among ``cand`` holding ``literal`` and matching ``pattern``, with its groups."""
+    idx = cand
+    for check in (lambda sub: pc.match_substring(sub, literal), lambda sub: pc.match_substring_regex(sub, pattern)):
+        if len(idx):
+            idx = idx[pc.fill_null(check(lines.take(pa.array(idx))), False).to_numpy(zero_copy_only=False)]
+    return idx, pc.extract_regex(lines.take(pa.array(idx, pa.int64())), pattern)
 
 
-def find_events(lines: pa.Array, row_lines: np.ndarray) -> tuple[list[dict], set[int]]:
-    """Checkpoint saves and loads; ``row_lines`` are the line indices of the metric rows."""
+def find_events(lines: pa.Array, row_lines: np.ndarray, raw: bytes | None = None) -> tuple[list[dict], set[int]]:
+    """Checkpoint saves and loads; ``row_lines`` are the line indices of the metric rows, ``raw`` the file bytes."""
     found: list[tuple[int, dict]] = []
-    idx, parts = _matches(lines, "saving checkpoint", r"(?:^|\s)saving checkpoint at iteration\s+(?P<step>\d+)\s+to\s+(?P<path>\S+)")
+    # Every pattern below has "checkpoint" then a space or a colon: two scans of the file instead of four.
+    after_space, after_colon = (lines_containing(lines, raw, f"checkpoint{c}") for c in " :")
+    idx, parts = _matches(lines, after_space, "saving checkpoint", r"(?:^|\s)saving checkpoint at iteration\s+(?P<step>\d+)\s+to\s+(?P<path>\S+)")
     for i, p in zip(idx, parts.to_pylist()):
         found.append((int(i), {"event": "checkpoint", "step": int(p["step"]), "path": p["path"]}))
-    idx, parts = _matches(lines, "Saving model checkpoint", r"Saving model checkpoint:\s+(?P<path>\S*global_step(?P<step>\d+)\S*)")
+    idx, parts = _matches(lines, after_colon, "Saving model checkpoint", r"Saving model checkpoint:\s+(?P<path>\S*global_step(?P<step>\d+)\S*)")
     by_step = {ev["step"]: ev for _, ev in found}
     for i, p in zip(idx, parts.to_pylist()):
         step = int(p["step"])
@@ -136,13 +190,13 @@ def find_events(lines: pa.Array, row_lines: np.ndarray) -> tuple[list[dict], set
             by_step[step] = {"event": "checkpoint", "step": step, "path": p["path"]}
             found.append((int(i), by_step[step]))
     found.sort(key=lambda x: x[0])
-    idx, parts = _matches(lines, "save-checkpoint", r"save-checkpoint:\s*(?P<ms>[0-9.]+)")
+    idx, parts = _matches(lines, after_colon, "save-checkpoint", r"save-checkpoint:\s*(?P<ms>[0-9.]+)")
     for i, p in zip(idx, parts.to_pylist()):
         before = [ev for line, ev in found if line < i]
         if before:
             before[-1]["write_seconds"] = float(p["ms"]) / 1000.0
     breaks: set[int] = set()
-    idx, parts = _matches(lines, "loaded checkpoint", r"loaded checkpoint from\s+(?P<path>\S+).*?at iteration\s+(?P<step>\d+)")
+    idx, parts = _matches(lines, after_space, "loaded checkpoint", r"loaded checkpoint from\s+(?P<path>\S+).*?at iteration\s+(?P<step>\d+)")
     for i, p in zip(idx, parts.to_pylist()):
         pos = int(np.searchsorted(row_lines, i))
         found.append((int(i), {"event": "resume", "step": int(p["step"]), "path": p["path"]}))
