@@ -132,6 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8501, help="dashboard port (default 8501)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--no-dashboard", action="store_true", help="only record the demo runs")
+    p.add_argument("--fresh", action="store_true", help="record the demo runs again even if ROOT has them")
     p.set_defaults(func=_delegate("runwatch.app.demo"))
     return parser
 
