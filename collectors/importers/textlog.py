@@ -219,45 +219,6 @@ def bad_line(path: str | Path, line: int, expected: str, skip: bool) -> int:
     return 1
 
 
-def select(lines: pa.Array, literal: str | Sequence[str], pattern: str | None = None) -> np.ndarray:
-    """Indices of lines containing a literal (cheap scan), then matching ``pattern`` (RE2) among those."""
-    literals = [literal] if isinstance(literal, str) else list(literal)
-    hit = np.zeros(len(lines), dtype=bool)
-    for lit in literals:
-        hit |= pc.fill_null(pc.match_substring(lines, lit), False).to_numpy(zero_copy_only=False)
-    idx = np.flatnonzero(hit)
-    if pattern is None or not len(idx):
-        return idx
-    ok = pc.fill_null(pc.match_substring_regex(lines.take(pa.array(idx)), pattern), False).to_numpy(zero_copy_only=False)
-    return idx[ok]
-
-
-def pick(lines: pa.Array, literal: str, claim: str, pattern: str) -> tuple[np.ndarray, pa.Array, pa.StructArray, np.ndarray]:
-    """Lines that claim to be metric lines, their ``pattern`` groups and whether they matched.
-
-    One cheap literal scan, one RE2 extract over the hits; the ``claim`` regex
-    runs only on the few hits that did not match, to tell noise from a
-    malformed metric line. Returns (line indices, texts, groups, matched).
-    """
-    hit = np.flatnonzero(pc.fill_null(pc.match_substring(lines, literal), False).to_numpy(zero_copy_only=False))
-    sub = lines.take(pa.array(hit))
-    parts = pc.extract_regex(sub, pattern)
-    ok = pc.is_valid(parts).to_numpy(zero_copy_only=False)
-    keep = ok.copy()
-    miss = np.flatnonzero(~ok)
-    if len(miss):
-        keep[miss] = pc.fill_null(pc.match_substring_regex(sub.take(pa.array(miss)), claim), False).to_numpy(zero_copy_only=False)
-    if not keep.all():
-        mask = pa.array(keep)
-        hit, sub, parts, ok = hit[keep], sub.filter(mask), parts.filter(mask), ok[keep]
-    return hit, sub, parts, ok
-
-
-def first_bad(mask: np.ndarray) -> int | None:
-    idx = np.flatnonzero(mask)
-    return int(idx[0]) if len(idx) else None
-
-
 def merge_same_step(parsed: ParsedLog) -> ParsedLog:
     """Fold a row into the previous one when both have the same step and no column in common.
 
