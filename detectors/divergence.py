@@ -73,6 +73,8 @@ def hinge_onset(values: np.ndarray) -> int:
 
     For a slow climb, "the last value at the best level" lands well after the
     real start; the hinge fit uses every observation of the climb instead.
+    Every candidate knot is scored in O(1) from suffix sums, so a long window
+    costs O(m) memory rather than a (knots x m) matrix.
     """
     ok = np.isfinite(values)
     y, t = values[ok], np.flatnonzero(ok).astype(np.float64)
@@ -80,11 +82,21 @@ def hinge_onset(values: np.ndarray) -> int:
     if m < 4:
         return 0
     knots = t[:-2]
-    h = np.maximum(t[None, :] - knots[:, None], 0.0)  # (knots, m): hinge regressor per candidate
-    hc = h - h.mean(axis=1, keepdims=True)
-    yc = y - y.mean()
-    slope = (hc @ yc) / np.maximum((hc * hc).sum(axis=1), 1e-300)
-    sse = ((yc[None, :] - slope[:, None] * hc) ** 2).sum(axis=1)
+    # Observations with t > knot j are those from index j + 1 on (t is increasing).
+    def suffix(x: np.ndarray) -> np.ndarray:
+        return np.cumsum(x[::-1])[::-1][1 : m - 1]
+
+    n, s_t, s_tt = np.arange(m - 1, 1, -1, dtype=np.float64), suffix(t), suffix(t * t)
+    s_ty, s_y = suffix(t * y), suffix(y)
+    # Sums of the hinge regressor h = max(t - knot, 0), of h^2 and of h*y.
+    s_h = s_t - knots * n
+    s_hh = s_tt - 2 * knots * s_t + knots * knots * n
+    s_hy = s_ty - knots * s_y
+    y_mean = y.mean()
+    shh = s_hh - s_h * s_h / m  # centred sum of squares of h
+    shy = s_hy - s_h * y_mean  # centred cross product with y
+    slope = shy / np.maximum(shh, 1e-300)
+    sse = ((y - y_mean) ** 2).sum() - slope * shy
     sse = np.where(slope > 0, sse, np.inf)  # only rising fits
     best = int(np.argmin(sse)) if np.isfinite(sse).any() else 0
     return int(knots[best]) + 1 if best or np.isfinite(sse[0]) else 0
