@@ -68,6 +68,12 @@ def _payload(ev: dict) -> dict:
 
 def _healthy(ckpt_step: int, main: dict[str, np.ndarray], findings: list[Finding]) -> tuple[bool, str]:
     """OPT criteria over the observations up to the checkpoint."""
+    ok, why, _ = _health(ckpt_step, main, findings)
+    return ok, why
+
+
+def _health(ckpt_step: int, main: dict[str, np.ndarray], findings: list[Finding]) -> tuple[bool, str, int | None]:
+    """``_healthy`` plus the step an activation-norm climb into the checkpoint began (None if none)."""
     steps = main["step"]
     upto = int(np.searchsorted(steps, ckpt_step, side="right"))
     lo = max(0, upto - HEALTH_WINDOW)
@@ -75,21 +81,21 @@ def _healthy(ckpt_step: int, main: dict[str, np.ndarray], findings: list[Finding
     for name in ("loss", "act_norm"):
         v, present = main[name][window], main[name + "_present"][window]
         if (present & ~np.isfinite(v)).any():
-            return False, f"non-finite {name} before it"
+            return False, f"non-finite {name} before it", None
     scale = main["loss_scale"][window]
     scale = scale[np.isfinite(scale)]
     if len(scale) and scale.min() < 1.0:
-        return False, f"loss scale {scale.min():g} < 1 before it"
+        return False, f"loss scale {scale.min():g} < 1 before it", None
     first_step = int(steps[lo]) if upto > lo else ckpt_step
     for f in findings:
         if f.kind in ("scaler_collapse", "nan", "divergence") and f.onset_step <= ckpt_step and f.end_step >= first_step:
-            return False, f"{f.kind} from step {f.onset_step} overlaps the window before it"
+            return False, f"{f.kind} from step {f.onset_step} overlaps the window before it", None
         if f.kind == "spike" and f.onset_step <= ckpt_step <= f.end_step:
-            return False, f"inside the spike from step {f.onset_step}"
+            return False, f"inside the spike from step {f.onset_step}", None
     growth = act_growth_start(steps, main["act_norm"], ckpt_step + 1)
     if growth is not None:
-        return False, f"activation norm climbing since step {growth}"
-    return True, "loss scale ok, activation norm flat, all values finite"
+        return False, f"activation norm climbing since step {growth}", growth
+    return True, "loss scale ok, activation norm flat, all values finite", None
 
 
 def _position(main: dict[str, np.ndarray], name: str, step: int) -> int | None:
@@ -120,21 +126,28 @@ def _target(findings: list[Finding]) -> Finding | None:
 
 
 def _choose(checkpoints: list[dict], cutoff: int, main: dict[str, np.ndarray], findings: list[Finding],
-            present_paths: set[str] | None) -> tuple[dict | None, dict | None, list[dict]]:
-    """(chosen, the better one that is gone, rejected with reasons), latest first."""
+            present_paths: set[str] | None) -> tuple[dict | None, dict | None, list[dict], int]:
+    """(chosen, the better one that is gone, rejected with reasons latest first, the final cutoff step)."""
     rejected, missing = [], None
     for ckpt in reversed([c for c in checkpoints if c["step"] < cutoff]):
-        healthy, why = _healthy(ckpt["step"], main, findings)
+        if ckpt["step"] >= cutoff:  # a climb found on a later checkpoint moved the cutoff back
+            rejected.append({"step": ckpt["step"], "why": f"after the activation-norm climb from step {cutoff}"})
+            continue
+        healthy, why, growth = _health(ckpt["step"], main, findings)
         if not healthy:
             rejected.append({"step": ckpt["step"], "why": why})
+            # The climb into a rejected checkpoint began at ``growth``: a checkpoint taken after that
+            # point but too early in the climb to show it is no healthier. Walk back before it.
+            if growth is not None:
+                cutoff = min(cutoff, growth)
             continue
         gone = ckpt["deleted"] or (present_paths is not None and ckpt["path"] is not None and ckpt["path"] not in present_paths)
         if gone:
             missing = missing or ckpt
             rejected.append({"step": ckpt["step"], "why": "deleted (not retained or not on disk)"})
             continue
-        return ckpt, missing, rejected
-    return None, missing, rejected
+        return ckpt, missing, rejected, cutoff
+    return None, missing, rejected, cutoff
 
 
 def _actions(target: Finding, ckpt: dict | None, skip: list[int], fp16: bool, lr: float | None) -> list[str]:
@@ -161,7 +174,9 @@ def advise(findings: list[Finding], checkpoints: list[dict], main: dict[str, np.
     growth = target.evidence.get("act_norm_climb_step") or act_growth_start(main["step"], main["act_norm"], target.onset_step)
     if growth is not None and growth <= cutoff:
         cutoff, evidence["act_norm_growth_from"] = growth, growth
-    chosen, missing, rejected = _choose(checkpoints, cutoff, main, findings, present_paths)
+    chosen, missing, rejected, walked = _choose(checkpoints, cutoff, main, findings, present_paths)
+    if walked < cutoff:
+        growth = cutoff = evidence["act_norm_growth_from"] = walked
     skip, positions = skip_window(chosen["step"] if chosen else None, target, main)
     evidence.update(positions)
     evidence["cutoff_step"] = cutoff
