@@ -19,6 +19,7 @@ from runwatch.detectors.advisor import advise, checkpoints_from_events
 from runwatch.detectors.finding import Finding, Rollback, SegmentInfo, clean_json
 from runwatch.detectors.segment_scan import SegmentDetectors
 from runwatch.detectors.segments import main_line, segment_infos, split_segments
+from runwatch.detectors.spike import SHORT_SPIKE
 from runwatch.detectors.stall import live_stall
 
 DIVERGED_GRAD_RATIO = 1.5
@@ -60,7 +61,11 @@ def checkpoint_seconds(checkpoints: list[dict]) -> dict[int, float]:
 
 def _diverged(f: Finding) -> bool:
     """An unrecovered loss jump with gradient norms still up, or under a raised learning rate."""
-    if f.kind != "spike" or f.self_recovered is not False or f.evidence.get("blip"):
+    if f.kind != "spike" or f.evidence.get("blip"):
+        return False
+    if f.evidence.get("lr_still_raised") and f.evidence.get("observations_out_of_band", 0) > SHORT_SPIKE:
+        return True  # the loss may have come partly back, but the raised LR that threw it is still there
+    if f.self_recovered is not False:
         return False
     grad, lr = f.evidence.get("grad_norm_ratio") or 0.0, f.evidence.get("lr_ratio") or 0.0
     return grad >= DIVERGED_GRAD_RATIO or lr >= DIVERGED_LR_RATIO
@@ -73,8 +78,10 @@ def _as_divergence(f: Finding) -> Finding:
     why += [f"learning rate x{lr:.2g}" for _ in [0] if lr and lr >= DIVERGED_LR_RATIO]
     message = (f"loss diverged from step {f.onset_step}: jumped {f.evidence['baseline_loss']:.4g} -> "
                f"{f.evidence['peak_loss']:.4g} and stayed up ({', '.join(why)})")
-    return dataclasses.replace(f, kind="divergence", message=message,
-                               evidence={**f.evidence, "from_spike": True})
+    if f.evidence.get("lr_still_raised"):
+        message += "; the learning rate jumped at the onset and is still up"
+    return dataclasses.replace(f, kind="divergence", message=message, self_recovered=False, needs_action=True,
+                               severity="critical", evidence={**f.evidence, "from_spike": True})
 
 
 def _overlaps(a: Finding, b: Finding) -> bool:

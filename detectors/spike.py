@@ -50,6 +50,11 @@ COLD_LOSS_RISE = 0.5
 COLD_GRAD_RATIO = 4.0
 RECOVERY_CHECK = 8
 """Observations from the first in-band one of which 75% must be in band to call it recovered."""
+LR_JUMP = 1.5
+"""A one-observation LR rise that counts as a jump (warm-up schedules rise by far smaller steps)."""
+LEVEL_SIGMAS = 1.5
+"""Recovered also means the median of the check window is within 1.5 sigmas (or ``MIN_RISE``) of the
+pre-spike baseline: the median of 8 noisy observations is within ~0.5 sigma of its level."""
 STILL_OUT = 16
 """An open episode whose last 16 observations are all out of band already counts as not recovered."""
 """Observations an episode may take to come back before it counts as not recovered."""
@@ -175,7 +180,11 @@ class SpikeScanner:
             # Back means two in-band observations in a row and most of the next few in band too:
             # a noisy, still-elevated loss dips under the band now and then without having recovered.
             mostly = np.convolve(ok, np.ones(RECOVERY_CHECK), "valid")[: last - first + 1] >= 0.75 * RECOVERY_CHECK
-            pairs = np.flatnonzero(ok[: last - first + 1] & ok[1: last - first + 2] & mostly)
+            # ...and the level is back: a loss that came partly down but sits clearly above its old
+            # trend (an LR jump still in effect) crosses a wide noise band now and then without that.
+            level = _window_median(loss[first:last + RECOVERY_CHECK], RECOVERY_CHECK)[: last - first + 1]
+            back = level <= ep["base_loss"] + max(LEVEL_SIGMAS * ep["scale_loss"], MIN_RISE * abs(ep["base_loss"]))
+            pairs = np.flatnonzero(ok[: last - first + 1] & ok[1: last - first + 2] & mostly & back)
             if len(pairs):
                 j = first + int(pairs[0])
                 self.closed.append((ep, j - 1, True))
@@ -196,6 +205,28 @@ class SpikeScanner:
         if self.episode is not None:
             out.append(classify(self.episode, len(loss) - 1, None, steps, loss, log_grad, self.segment, lr))
         return [f for f in out if f is not None]
+
+
+def _lr_still_raised(lr: np.ndarray | None, onset: int, end: int) -> bool:
+    """The LR jumped (one observation to the next, at most a few observations from the onset) by
+    ``LR_JUMP`` x and is still that high at the episode's end: the cause is still in effect.
+    A warm-up ramp rises by small steps, an LR burst is over by the end."""
+    if lr is None or onset < 1:
+        return False
+    near = lr[max(0, onset - 4):min(len(lr), onset + 3)]
+    prior = lr[max(0, onset - 4) - 1] if onset >= 5 else lr[0]
+    ok = np.isfinite(near) & (near > 0)
+    if not ok.any() or not (math.isfinite(prior) and prior > 0):
+        return False
+    seq = np.concatenate([[prior], near[ok]])
+    jumps = seq[1:] / seq[:-1]
+    return bool(jumps.max() >= LR_JUMP and math.isfinite(lr[end]) and lr[end] >= LR_JUMP * prior)
+
+
+def _window_median(values: np.ndarray, width: int) -> np.ndarray:
+    """Median of each run of ``width`` consecutive values (non-finite ones count as high)."""
+    values = np.where(np.isfinite(values), values, np.inf)
+    return np.median(np.lib.stride_tricks.sliding_window_view(values, width), axis=1)
 
 
 def _lr_ratio(lr: np.ndarray | None, onset: int, end: int) -> float | None:
@@ -258,6 +289,7 @@ def classify(ep: dict, end: int, recovered: bool | None, steps: np.ndarray, loss
         "grad_norm_ratio": (math.exp(float(np.median(span_grad[np.isfinite(span_grad)])) - base_g)
                             if math.isfinite(base_g) and np.isfinite(span_grad).any() else None),
         "lr_ratio": _lr_ratio(lr, onset, end),
+        "lr_still_raised": _lr_still_raised(lr, onset, end),
     }
     what = what_blip if blip else "loss spike"
     span = end - onset + 1
