@@ -48,6 +48,11 @@ RECOVERY_WINDOW = 200
 COLD_OBS = MIN_BLOCKS * BLOCK
 COLD_LOSS_RISE = 0.5
 COLD_GRAD_RATIO = 4.0
+COLD_JUMP = 1.5
+COLD_JUMP_GRAD = 2.0
+"""Before the baseline exists: loss at 1.5x the median of the earlier observations with the gradient
+norm at 2x its median (when logged) is a spike even for one observation: a per-batch loss bump
+rarely comes with the gradient norm doubling (tr8-104B excerpts: 6.44 -> 11.42, grad norm x2.2)."""
 RECOVERY_CHECK = 8
 """Observations from the first in-band one of which 75% must be in band to call it recovered."""
 LR_JUMP = 1.5
@@ -258,7 +263,11 @@ def classify(ep: dict, end: int, recovered: bool | None, steps: np.ndarray, loss
     peak_g = float(finite_g.max()) if len(finite_g) else -math.inf
     grad_spike = math.isfinite(base_g) and peak_g > base_g + Z_HIGH * scale_g and peak_g - base_g >= math.log(MIN_GRAD_RATIO)
     bad_batch = loss_spike and base_l > 0 and peak_loss >= BAD_BATCH_RATIO * base_l
-    if loss_spike and num_loss_high >= MIN_FAR_OUT:
+    # Very few earlier observations (a short excerpt, a segment's first lines): no noise model yet,
+    # so a gross jump of loss and gradient norm together is what a person sees at once.
+    cold_jump = (onset < COLD_OBS and loss_spike and base_l > 0 and peak_loss >= COLD_JUMP * base_l
+                 and (not math.isfinite(base_g) or peak_g - base_g >= math.log(COLD_JUMP_GRAD)))
+    if loss_spike and (num_loss_high >= MIN_FAR_OUT or cold_jump):
         blip = False
     elif grad_spike or bad_batch:
         blip = True

@@ -20,12 +20,7 @@ from evalruns.realruns import CASES, REALRUNS, check_case, import_case, passed, 
 pytestmark = pytest.mark.skipif(not REALRUNS.is_dir(), reason=f"real logs not found at {REALRUNS}")
 
 # Events a person sees in the log that runwatch does not catch yet; strict, so a fix turns them green.
-_SHORT = ("excerpt of {} observations: shorter than the 32-observation warm-up every detector needs before it "
-          "judges (detectors/series.py MIN_BLOCKS * BLOCK), though a person sees the jump at once")
-KNOWN_MISSES: dict[str, str] = {
-    "tr8-exp1-spike": _SHORT.format(3),
-    "tr8-exp11-spike": _SHORT.format(3),
-}
+KNOWN_MISSES: dict[str, str] = {}
 
 
 def _param(case):
