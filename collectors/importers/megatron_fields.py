@@ -100,6 +100,33 @@ def _key_columns(keys: pa.Array, ok: np.ndarray, prefix: str) -> tuple[np.ndarra
     return ok, col_of_code[codes], names
 
 
+def _regex_ok(values: pa.Array) -> np.ndarray:
+    return pc.fill_null(pc.match_substring_regex(values, _VALUE), False).to_numpy(zero_copy_only=False)
+
+
+def _numbers(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """Which values are numbers as ``NUMBER_RE`` spells them, and their floats (NaN where not).
+
+    Arrow's cast accepts every finite number the regex does and nothing else
+    finite; it is laxer only for NaN/Inf spellings (``NAN``, ``nan(1)``). So
+    the regex runs only on non-finite results, or on all when the cast fails.
+    """
+    trimmed = pc.utf8_ltrim(values, characters=" \t\n\f\r")
+    try:
+        floats = pc.cast(trimmed, pa.float64()).to_numpy(zero_copy_only=False)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        ok = _regex_ok(values)
+        floats = np.full(len(values), np.nan)
+        if ok.any():
+            floats[ok] = pc.cast(trimmed.filter(pa.array(ok)), pa.float64()).to_numpy(zero_copy_only=False)
+        return ok, floats
+    ok = np.ones(len(values), dtype=bool)
+    odd = np.flatnonzero(~np.isfinite(floats))
+    if len(odd):
+        ok[odd] = _regex_ok(values.take(pa.array(odd)))
+    return ok, floats
+
+
 def fields_to_columns(texts: pa.Array, heads: pa.StructArray, idx: np.ndarray, path: Path, skip: bool,
                       prefix: str) -> tuple[dict[str, pa.Array], np.ndarray]:
     """Record columns of ``len(idx)`` lines from their text (fields after the head) and ``step``/``rank`` groups.
@@ -111,7 +138,7 @@ def fields_to_columns(texts: pa.Array, heads: pa.StructArray, idx: np.ndarray, p
     good = np.ones(n, dtype=bool)
     flat, parent = _fields(texts)
     keys, values = _split_fields(flat)
-    ok = pc.fill_null(pc.match_substring_regex(values, _VALUE), False).to_numpy(zero_copy_only=False)
+    ok, floats = _numbers(values)
     ok, column, names = _key_columns(keys, ok, prefix)
     if not ok.all():
         bad = int(np.flatnonzero(~ok)[0])
@@ -119,10 +146,6 @@ def fields_to_columns(texts: pa.Array, heads: pa.StructArray, idx: np.ndarray, p
             raise LogFormatError(path, int(idx[parent[bad]]) + 1,
                                  f"expected 'key: number' fields between '|', got {flat[bad].as_py()[:120]!r}")
         good[parent[~ok]] = False
-    floats = np.full(len(values), np.nan)
-    if ok.any():
-        floats[ok] = pc.cast(pc.utf8_ltrim(values.filter(pa.array(ok)), characters=" \t\n\f\r"),
-                             pa.float64()).to_numpy(zero_copy_only=False)
     # One scatter into a line x key grid (a key twice on a line: the later one wins), then keys -> columns.
     grid = np.full((n, len(names)), np.nan)
     seen = np.zeros((n, len(names)), dtype=bool)
