@@ -14,7 +14,6 @@ the training loop: errors become one warning and a count (``num_errors``,
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import socket
 import time

@@ -32,7 +32,7 @@ def fused_grad_norm(params: Iterable[torch.Tensor]) -> torch.Tensor | None:
         groups.setdefault((g.device, g.dtype), []).append(g)
     first_device = grads[0].device
     norms = []
-    for (device, _), group in groups.items():
+    for group in groups.values():
         norms.extend(n.to(first_device, torch.float32) for n in torch._foreach_norm(group, 2.0))
     return torch.linalg.vector_norm(torch.stack(norms), 2.0)
 
