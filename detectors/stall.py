@@ -14,6 +14,8 @@ consecutive observations. 4% is deliberate: on a large job a node that costs
 there") is worth a look, and the sigma test keeps jittery runs quiet. A
 slowdown never needs a rollback; it is 'warning' from 25% up, 'info' below, and
 one under 25% must last ``MIN_SMALL_SLOW_OBS`` observations (shared machines jitter).
+Sustained also means in training steps: a slowdown shorter than ``MIN_SLOW_STEPS``
+steps (three slow steps of a per-step log) is a hiccup, whatever its size.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ WARN_SLOWDOWN = 0.25
 SLOW_BLOCK = 4
 MIN_SMALL_SLOW_OBS = 16
 """A slowdown under ``WARN_SLOWDOWN`` must last this many observations to count."""
+MIN_SLOW_STEPS = 16
+"""Any slowdown must span this many training steps to count (logged every 100 steps, 3 observations do)."""
 
 
 def step_times(steps: np.ndarray, times: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -201,6 +205,8 @@ class SlowdownScanner:
             rise = level / ep["base"] - 1
             if rise < WARN_SLOWDOWN and end - ep["onset"] + 1 < MIN_SMALL_SLOW_OBS:
                 continue  # a few percent for a few observations is machine jitter, not a slowdown
+            if steps[end] - steps[ep["onset"]] + 1 < MIN_SLOW_STEPS:
+                continue  # a hiccup of a few steps (a GC pause, a noisy neighbour), not sustained
             peak = ep["onset"] + int(np.nanargmax(span))
             state = "back to normal" if recovered else "still slow at the last step"
             out.append(Finding(

@@ -144,3 +144,13 @@ def test_jittery_step_time_is_not_a_slowdown() -> None:
     rng = np.random.default_rng(3)
     st = rng.lognormal(np.log(0.6), 0.15, 3000)
     assert detect_slowdowns(np.arange(3000), st) == []
+
+
+def test_a_few_slow_steps_are_a_hiccup_not_a_slowdown() -> None:
+    rng = np.random.default_rng(3)
+    st = 0.010 * (1 + 0.01 * rng.standard_normal(500))
+    st[200:203] = 0.6  # three steps 60x slower (a GC pause, a noisy neighbour), then normal again
+    assert detect_slowdowns(np.arange(500), st) == []
+    st[300:340] = 0.02  # forty steps twice as slow: sustained
+    [f] = detect_slowdowns(np.arange(500), st)
+    assert (f.onset_step, f.end_step, f.severity) == (300, 339, "warning")
