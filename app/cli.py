@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -141,6 +142,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
+    except BrokenPipeError:  # `runwatch runs | head`: the reader left, nothing is wrong
+        # Point stdout at devnull so the flush at exit does not raise again (Python's documented recipe).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
     except (ValueError, OSError, RuntimeError) as err:
         # Bad input or a data error: one clear line, no traceback.
         print(f"runwatch: error: {err}", file=sys.stderr)

@@ -206,6 +206,10 @@ def compact(root: str | Path, run: str | None = None) -> dict[str, int]:
     second ``compact`` cannot tell apart; it never loses rows.
     """
     root = Path(root)
+    if not root.is_dir():
+        raise ValueError(f"{root}: no such directory (expected a runwatch root)")
+    if run is not None and not run_exists(root, run):
+        raise ValueError(f"no run {run!r} under {root}")
     runs = [run] if run is not None else list_runs(root)
     num_before = num_after = 0
     for name in runs:

@@ -38,6 +38,11 @@ def get_format(name: str) -> ModuleType:
 
 def detect_format(path: str | Path) -> str:
     """The first format whose sniffer accepts the head of ``path``."""
+    if Path(path).is_dir():  # a log directory: only TensorBoard logs come as one
+        # Event files sit in the directory or one level down (one per run); don't walk a whole tree.
+        if any(Path(path).glob("*tfevents*")) or any(Path(path).glob("*/*tfevents*")):
+            return "tensorboard"
+        raise ValueError(f"{path}: is a directory without TensorBoard event files; expected a log file")
     # Noisy stdout logs can print their first metric line megabytes in (argument
     # dumps, dataset builds): look at a short head first, then a longer one.
     for size in (256 * 1024, 16 * 1024 * 1024):
@@ -60,6 +65,10 @@ def import_logs(fmt: str, paths: list[str | Path], root: str | Path, run: str, *
     for p in paths:
         if not Path(p).exists():
             raise ValueError(f"{p}: no such file")
+        if Path(p).is_dir() and fmt not in ("tensorboard", "auto"):
+            raise ValueError(f"{p}: is a directory; expected a log file")
+    if Path(root).exists() and not Path(root).is_dir():
+        raise ValueError(f"--root {root}: not a directory")
     name = detect_format(paths[0]) if fmt == "auto" else fmt
     parsed = get_format(name).parse([Path(p) for p in paths], skip_bad_lines=skip_bad_lines)
     meta = {"source": f"import:{name}", "source_files": [str(Path(p).resolve()) for p in paths]}

@@ -73,14 +73,13 @@ def assign_segments(steps: np.ndarray, breaks: set[int] = frozenset()) -> np.nda
     return np.cumsum(new).astype(np.int32)
 
 
-def _segments_for(table: pa.Table, breaks: set[int]) -> np.ndarray:
+def _segments_for(table: pa.Table, ranks: np.ndarray, breaks: set[int]) -> np.ndarray:
     if "segment" in table.column_names:
         if table["segment"].null_count:
             raise ValueError("some rows carry a segment and others do not")
         return table["segment"].to_numpy(zero_copy_only=False).astype(np.int32)
-    ranks = table["rank"].to_numpy(zero_copy_only=False) if "rank" in table.column_names else None
     steps = table["step"].to_numpy(zero_copy_only=False)
-    if ranks is None:
+    if "rank" not in table.column_names:
         return assign_segments(steps, breaks)
     # Interleaved ranks: each rank's own step sequence decides its segments.
     segments = np.zeros(len(steps), dtype=np.int32)
@@ -94,17 +93,18 @@ def _segments_for(table: pa.Table, breaks: set[int]) -> np.ndarray:
 def write_import(root: str | Path, run: str, parsed: ParsedLog, *, replace: bool = False,
                  meta: dict | None = None) -> ImportResult:
     """Land a parsed log in the store as run ``run``: every file or none."""
-    if parsed.metrics.num_rows == 0 and not parsed.events:
-        raise ValueError("nothing to import: no metric rows and no events were found")
+    if parsed.metrics.num_rows == 0:
+        raise ValueError("nothing to import: expected at least one metric line")
     if run_exists(root, run) and not replace:
         raise ValueError(f"run {run!r} already exists under {root}; choose another --run or pass --replace")
     old_files = data_files(root, run, "metrics") + data_files(root, run, "events") if replace else []
     table = parsed.metrics
     if table.num_rows and pc.any(pc.is_null(table["step"])).as_py():
         raise ValueError("a metric row has no step")
-    segments = _segments_for(table, parsed.breaks) if table.num_rows else np.zeros(0, np.int32)
-    ranks = (table["rank"].to_numpy(zero_copy_only=False).astype(np.int32)
+    # A line without a rank was printed by rank 0 (the rank is optional per line).
+    ranks = (pc.fill_null(table["rank"], 0).to_numpy(zero_copy_only=False).astype(np.int32)
              if "rank" in table.column_names else np.zeros(table.num_rows, np.int32))
+    segments = _segments_for(table, ranks, parsed.breaks)
     if (segments < 0).any() or (ranks < 0).any():
         raise ValueError("segment and rank must be >= 0")
     body = table.drop_columns([c for c in ("segment", "rank") if c in table.column_names])

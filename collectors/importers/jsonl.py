@@ -97,13 +97,15 @@ def parse(paths: Sequence[str | Path], *, skip_bad_lines: bool = False) -> Parse
     events: list[dict] = []
     breaks: set[int] = set()
     num_skipped = 0
-    explicit_segments = False
+    first_with_segment: tuple[Path, int] | None = None
+    first_without_segment: tuple[Path, int] | None = None
     for path in paths:
-        with open(path, encoding="utf-8", errors="strict") as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
+        with open(path, "rb") as f:
+            for lineno, raw in enumerate(f, 1):
                 try:
+                    line = raw.decode("utf-8")  # per line, so a bad byte is reported (or skipped) with its line
+                    if not line.strip():
+                        continue
                     try:
                         obj = json.loads(line)
                     except json.JSONDecodeError as err:
@@ -118,7 +120,10 @@ def parse(paths: Sequence[str | Path], *, skip_bad_lines: bool = False) -> Parse
                             breaks.add(len(rows))
                     elif "step" in obj:
                         row = parse_metric(obj)
-                        explicit_segments |= "segment" in row
+                        if "segment" in row:
+                            first_with_segment = first_with_segment or (path, lineno)
+                        else:
+                            first_without_segment = first_without_segment or (path, lineno)
                         rows.append(row)
                     else:
                         raise ValueError("expected a metric line with 'step' or an event line with 'event'")
@@ -127,6 +132,8 @@ def parse(paths: Sequence[str | Path], *, skip_bad_lines: bool = False) -> Parse
                         num_skipped += 1
                         continue
                     raise LogFormatError(path, lineno, str(err)) from err
-    if explicit_segments and any("segment" not in r for r in rows):
-        raise LogFormatError(paths[0], None, "either every metric line carries 'segment' or none does")
+    if first_with_segment and first_without_segment:
+        where, lineno = max(first_with_segment, first_without_segment, key=lambda pl: (paths.index(pl[0]), pl[1]))
+        raise LogFormatError(where, lineno, "either every metric line carries 'segment' or none does "
+                             f"(line {first_with_segment[1]} of {first_with_segment[0]} has one)")
     return ParsedLog.from_rows(rows, events=events, num_skipped=num_skipped, breaks=breaks)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -41,9 +42,25 @@ def test_import_runs_and_compact_end_to_end(tmp_path):
     (["import", "nosuchformat", __file__, "--root", "r", "--run", "x"], "unknown format"),
     (["import", "jsonl", __file__, "--root", "r", "--run", "../escape"], "invalid run name"),
     (["runs"], "the following arguments are required: --root"),
+    (["compact", "--root", "/definitely/not/here"], "no such directory"),
+    (["import", "jsonl", "/", "--root", "r", "--run", "x"], "expected a log file"),
 ])
 def test_bad_input_is_one_clear_line(tmp_path, args, message):
     out = _run(*args, cwd=tmp_path)
     assert out.returncode == 2
     assert message in out.stderr and "Traceback" not in out.stderr
     assert not (tmp_path / "r").exists() or not any((tmp_path / "r").rglob("*.parquet"))
+
+
+def test_output_piped_into_head_is_not_an_error(tmp_path):
+    log = tmp_path / "log.jsonl"
+    log.write_text("".join(json.dumps({"step": s, "loss": 1.0}) + "\n" for s in range(5)))
+    assert _run("import", "jsonl", str(log), "--root", str(tmp_path / "root"), "--run", "r").returncode == 0
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader (`head`) has already gone: every write gets EPIPE
+    try:
+        done = subprocess.run([*RUNWATCH, "runs", "--root", str(tmp_path / "root")], stdout=write_end,
+                              stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(write_end)
+    assert done.returncode == 0 and "Broken pipe" not in done.stderr and "Traceback" not in done.stderr

@@ -125,3 +125,32 @@ def test_parser_never_crashes_on_any_input(tmp_path_factory, lines):
         parse([path])
     except LogFormatError as err:
         assert str(err).startswith(str(path))
+
+
+def test_a_bad_byte_is_reported_with_its_line_and_can_be_skipped(tmp_path):
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b'{"step": 0, "loss": 1.0}\n\xff\xfe\n{"step": 1, "loss": 0.9}\n')
+    with pytest.raises(LogFormatError, match=r"in\.jsonl:2: .*utf-8"):
+        import_logs("jsonl", [path], tmp_path / "root", "r")
+    result = import_logs("jsonl", [path], tmp_path / "root", "r", skip_bad_lines=True)
+    assert (result.num_rows, result.num_skipped) == (2, 1)
+
+
+def test_rank_is_optional_per_line(tmp_path):
+    path = _write(tmp_path / "in.jsonl", [{"step": 1, "loss": 1.0, "rank": 1}, {"step": 1, "loss": 2.0}])
+    import_logs("jsonl", [path], tmp_path / "root", "r")
+    with Store(tmp_path / "root") as store:
+        assert store.ranks("r") == [0, 1]
+
+
+def test_mixed_segment_lines_name_the_offending_line(tmp_path):
+    path = _write(tmp_path / "in.jsonl", [{"step": 1, "segment": 0}, {"step": 2, "segment": 0}, {"step": 3}])
+    with pytest.raises(LogFormatError, match=r"in\.jsonl:3: either every metric line carries 'segment'"):
+        import_logs("jsonl", [path], tmp_path / "root", "r")
+
+
+def test_events_without_metrics_are_refused(tmp_path):
+    path = _write(tmp_path / "in.jsonl", [{"event": "resume", "step": 5}])
+    with pytest.raises(ValueError, match="at least one metric line"):
+        import_logs("jsonl", [path], tmp_path / "root", "r")
+    assert not (tmp_path / "root").exists()
