@@ -32,7 +32,7 @@ import pyarrow.compute as pc
 
 from runwatch.collectors.importers.base import LogFormatError, ParsedLog
 from runwatch.collectors.importers.megatron_fields import (
-    fields_to_columns, find_events,
+    fields_to_columns, find_events, split_pieces,
 )
 from runwatch.collectors.importers.textlog import (
     build_table, data_bytes, lines_containing, merge_same_step, offsets, parse_each, read_text,
@@ -40,9 +40,10 @@ from runwatch.collectors.importers.textlog import (
 
 _PREFIX = r"^\s*(?:\[default(?P<rank>\d+)\]:)?\s*"
 ITERATION_START = _PREFIX + r"iteration\s+[^\s=(,]+\s*/"
-_ITERATION = _PREFIX + r"iteration\s+(?P<step>\d+)\s*/\s*\d+\s*\|"
 VALID_START = _PREFIX + r"valid(?:ation)? loss at iteration\s"
-_VALID = _PREFIX + r"valid(?:ation)? loss at iteration\s+(?P<step>\d+)\s*\|"
+# The text before a line's first '|' (its head), and where the step number ends in it.
+_ITERATION = (_PREFIX + r"iteration\s+(?P<step>\d+)\s*/\s*\d+\s*$", "/")
+_VALID = (_PREFIX + r"valid(?:ation)? loss at iteration\s+(?P<step>\d+)\s*$", None)
 # One anchored pass over every line finds both kinds (RE2 gives up on noise after a few bytes).
 _EITHER_START = r"^\s*(?:\[default\d+\]:)?\s*(?:iteration\s|valid)"
 _CONTINUATION_STOP = re.compile(r"^\s*(\[default\d+\]:\s*)?(iteration\s|valid|time \(ms\)|\[\d{4}-|$|#|\.\.\.)")
@@ -85,20 +86,21 @@ def _rejoin(lines: pa.Array, idx: np.ndarray, texts: pa.Array) -> pa.Array:
     return pc.replace_with_mask(texts, pa.array(mask), pa.array(joined_texts, texts.type))
 
 
-def _parse_kind(texts: pa.Array, idx: np.ndarray, pattern: str, path: Path, skip: bool,
+def _parse_kind(texts: pa.Array, idx: np.ndarray, head: tuple[str, str | None], path: Path, skip: bool,
                 prefix: str) -> tuple[dict[str, pa.Array], np.ndarray, int]:
     """Columns of the iteration (or validation) lines ``texts`` found at line indices ``idx``."""
-    heads = pc.extract_regex(texts, pattern)
-    ok = pc.is_valid(heads).to_numpy(zero_copy_only=False)
+    flat, loff = split_pieces(texts)
+    heads = flat.take(pa.array(loff[:-1]))
+    # A line is good when its head matches and a '|' follows it.
+    ok = _mask(pc.match_substring_regex(heads, head[0])) & (np.diff(loff) >= 2)
     num_skipped = 0
     if not ok.all():
         bad = int(np.flatnonzero(~ok)[0])
         if not skip:
             raise LogFormatError(path, int(idx[bad]) + 1,
                                  f"expected 'iteration N/ M | key: value | ...', got {texts[bad].as_py()[:200]!r}")
-        keep = pa.array(ok)
-        num_skipped, idx, heads, texts = int((~ok).sum()), idx[ok], heads.filter(keep), texts.filter(keep)
-    columns, good = fields_to_columns(texts, heads, idx, path, skip, prefix)
+        num_skipped, idx, heads = int((~ok).sum()), idx[ok], heads.filter(pa.array(ok))
+    columns, good = fields_to_columns(flat, loff, ok, heads, head, idx, path, skip, prefix)
     num_skipped += int((~good).sum())
     return columns, idx[good], num_skipped
 
@@ -109,7 +111,8 @@ def parse_file(path: Path, skip_bad_lines: bool) -> ParsedLog:
     heads = lines.take(pa.array(cand, pa.int64()))
     is_it = _mask(pc.match_substring_regex(heads, ITERATION_START))
     it_idx = cand[is_it]
-    val_idx = cand[_mask(pc.match_substring_regex(heads, VALID_START))]
+    # The two starts exclude each other: only the other candidates can be validation lines.
+    val_idx = cand[~is_it][_mask(pc.match_substring_regex(heads.filter(pa.array(~is_it)), VALID_START))]
     if not len(it_idx):
         raise LogFormatError(path, None, f"no megatron iteration lines ('iteration N/ M | ...') found in {path}")
     texts = _rejoin(lines, it_idx, heads if is_it.all() else heads.filter(pa.array(is_it)))

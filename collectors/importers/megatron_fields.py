@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 
 from runwatch.collectors.importers.base import LogFormatError
 from runwatch.collectors.importers.textlog import (
-    NUMBER_RE, lines_containing, offsets, sanitize_name, spans, to_int,
+    NUMBER_RE, ints_or_error, lines_containing, offsets, sanitize_name, spans,
 )
 
 # Field keys with all whitespace removed (hard-wrapping can drop or keep a space) -> (column, scale).
@@ -55,34 +55,62 @@ def _column_name(norm_key: str, raw_key: str, prefix: str) -> tuple[str, float]:
     return sanitize_name(raw_key, prefix), 1.0
 
 
-def _fields(texts: pa.Array) -> tuple[pa.Array, np.ndarray]:
-    """The trimmed, non-empty ``|``-separated fields after each line's head, and the row of each."""
+def split_pieces(texts: pa.Array) -> tuple[pa.Array, np.ndarray]:
+    """Every ``|``-separated piece of every line, untrimmed, and each line's piece offsets (from 0)."""
     lists = pc.split_pattern(texts, "|")
     loff = offsets(lists)
-    flat = pc.utf8_trim_whitespace(pc.list_flatten(lists))
-    parent = np.repeat(np.arange(len(texts)), np.diff(loff))
-    keep = pc.not_equal(flat, "").to_numpy(zero_copy_only=False)
-    keep[loff[:-1][np.diff(loff) > 0] - loff[0]] = False  # the head before the first '|'
-    return flat.filter(pa.array(keep)), parent[keep]
+    return pc.list_flatten(lists), loff - loff[0]
 
 
-def _split_fields(flat: pa.Array) -> tuple[pa.Array, pa.Array]:
-    """Each ``key: value`` field cut at its first colon (a field without one is all key, empty value)."""
+def _fields(flat: pa.Array, loff: np.ndarray, lines_ok: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Pieces that are fields (not a line's head, not blank, on a good line) and the good-line row of each."""
+    counts = np.diff(loff)
+    parent = np.repeat(np.arange(len(counts)), counts)
+    blank = (np.diff(offsets(flat)) == 0) | pc.utf8_is_space(flat).to_numpy(zero_copy_only=False)
+    keep = ~blank & lines_ok[parent]
+    keep[loff[:-1][counts > 0]] = False  # the head before the first '|'
+    kept = np.flatnonzero(keep)
+    row = np.cumsum(lines_ok) - 1
+    return kept, row[parent[kept]]
+
+
+def _split_fields(flat: pa.Array, kept: np.ndarray) -> tuple[pa.Array, pa.Array]:
+    """Each kept ``key: value`` piece cut at its first colon (no colon: all key, empty value).
+
+    Keys keep their outer whitespace (normalised once per distinct key);
+    values lose trailing whitespace as the trimmed field would.
+    """
     off = offsets(flat)
-    colon = pc.find_substring(flat, ":").to_numpy(zero_copy_only=False).astype(np.int64)
-    cut = np.where(colon >= 0, off[:-1] + colon, off[1:])
-    return spans(flat, off[:-1], cut), spans(flat, np.minimum(cut + 1, off[1:]), off[1:])
+    colon = pc.find_substring(flat, ":").to_numpy(zero_copy_only=False).astype(np.int64)[kept]
+    start, stop = off[kept], off[kept + 1]
+    cut = np.where(colon >= 0, start + colon, stop)
+    return spans(flat, start, cut), pc.utf8_rtrim_whitespace(spans(flat, np.minimum(cut + 1, stop), stop))
+
+
+def head_columns(heads: pa.Array, pattern: str, step_end: str | None, idx: np.ndarray,
+                 path: Path) -> tuple[pa.Array, pa.Array | None]:
+    """Step (and rank text, where a ``[defaultN]:`` prefix gives one) of good heads, by position, not regex groups."""
+    off = offsets(heads)
+    start = off[:-1] + pc.find_substring(heads, "iteration").to_numpy(zero_copy_only=False) + len("iteration")
+    stop = off[:-1] + pc.find_substring(heads, step_end).to_numpy(zero_copy_only=False) if step_end else off[1:]
+    step = ints_or_error(pc.utf8_trim_whitespace(spans(heads, start, stop)), idx + 1, path, "iteration")
+    has = pc.match_substring(heads, "[default").to_numpy(zero_copy_only=False)
+    if not has.any():
+        return step, None
+    rank = pc.extract_regex(heads.filter(pa.array(has)), pattern).field("rank")
+    return step, pc.replace_with_mask(pa.array(np.full(len(heads), ""), rank.type), pa.array(has), rank)
 
 
 def _key_columns(keys: pa.Array, ok: np.ndarray, prefix: str) -> tuple[np.ndarray, np.ndarray, list[tuple[str, float]]]:
     """Per field: whether its key names a value, and its column's number (into the returned names)."""
     encoded = pc.dictionary_encode(keys)
     codes = encoded.indices.to_numpy(zero_copy_only=False)
-    raws = encoded.dictionary.to_pylist()
+    dictionary = pc.utf8_ltrim_whitespace(encoded.dictionary)
+    raws = dictionary.to_pylist()
     named = np.array([_HAS_NAME.search(raw) is not None for raw in raws], dtype=bool)
     ok = ok & named[codes]
     # Keys are compared without case or whitespace; the first good field of a key names its column.
-    norms = pc.replace_substring_regex(pc.utf8_lower(encoded.dictionary), r"\s+", "").to_pylist()
+    norms = pc.replace_substring_regex(pc.utf8_lower(dictionary), r"\s+", "").to_pylist()
     # First good field of each key: written backwards, the earliest position lands last.
     first = np.full(len(raws), -1, dtype=np.int64)
     good_at = np.flatnonzero(ok)
@@ -127,48 +155,49 @@ def _numbers(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     return ok, floats
 
 
-def fields_to_columns(texts: pa.Array, heads: pa.StructArray, idx: np.ndarray, path: Path, skip: bool,
+def fields_to_columns(flat: pa.Array, loff: np.ndarray, lines_ok: np.ndarray, heads: pa.Array,
+                      head: tuple[str, str | None], idx: np.ndarray, path: Path, skip: bool,
                       prefix: str) -> tuple[dict[str, pa.Array], np.ndarray]:
-    """Record columns of ``len(idx)`` lines from their text (fields after the head) and ``step``/``rank`` groups.
+    """Record columns of the good lines (``lines_ok``; ``idx`` their line indices) from their pieces.
 
-    Returns the columns (only good lines) and the mask of good lines; with
-    ``skip`` false the first malformed field raises naming its line.
+    ``heads`` are the good lines' head pieces, ``head`` their (pattern, step
+    end). Returns the columns (only good lines) and the mask of lines whose
+    fields parse; with ``skip`` false the first malformed field raises.
     """
     n = len(idx)
     good = np.ones(n, dtype=bool)
-    flat, parent = _fields(texts)
-    keys, values = _split_fields(flat)
+    kept, parent = _fields(flat, loff, lines_ok)
+    keys, values = _split_fields(flat, kept)
     ok, floats = _numbers(values)
     ok, column, names = _key_columns(keys, ok, prefix)
     if not ok.all():
         bad = int(np.flatnonzero(~ok)[0])
         if not skip:
+            text = pc.utf8_trim_whitespace(flat.slice(int(kept[bad]), 1))[0].as_py()
             raise LogFormatError(path, int(idx[parent[bad]]) + 1,
-                                 f"expected 'key: number' fields between '|', got {flat[bad].as_py()[:120]!r}")
+                                 f"expected 'key: number' fields between '|', got {text[:120]!r}")
         good[parent[~ok]] = False
     # One scatter into a line x key grid (a key twice on a line: the later one wins), then keys -> columns.
     grid = np.full((n, len(names)), np.nan)
     seen = np.zeros((n, len(names)), dtype=bool)
     grid[parent[ok], column[ok]] = floats[ok]
     seen[parent[ok], column[ok]] = True
-    columns: dict[str, np.ndarray] = {}
-    valid: dict[str, np.ndarray] = {}
+    step, rank = head_columns(heads, head[0], head[1], idx, path)
+    out: dict[str, pa.Array] = {"step": step}
     for number, (name, scale) in enumerate(names):
-        col = columns.setdefault(name, np.full(n, np.nan))
-        val = valid.setdefault(name, np.zeros(n, dtype=bool))
         here = seen[:, number]
-        col[here] = grid[here, number] * scale
-        val |= here
-    out: dict[str, pa.Array] = {"step": to_int(heads.field("step"), idx + 1, path, "iteration")}
-    for name, col in columns.items():
-        out[name] = pa.array(col, mask=~valid[name])
+        if name in out:  # a second key for the same column: its values win where present
+            col = out[name].to_numpy(zero_copy_only=False).copy()
+            col[here] = grid[here, number] * scale
+            out[name] = pa.array(col, mask=~(here | pc.is_valid(out[name]).to_numpy(zero_copy_only=False)))
+        else:
+            out[name] = pa.array(np.where(here, grid[:, number] * scale, np.nan), mask=~here)
     for name in _INT_COLUMNS:
         if name in out:
             out[name] = _as_int(out[name], idx, path, name)
     if "skipped_iterations" in out:
         out["found_inf"] = pc.greater(out["skipped_iterations"], 0.0)
-    rank = heads.field("rank")
-    if pc.any(pc.not_equal(rank, "")).as_py():
+    if rank is not None and pc.any(pc.not_equal(rank, "")).as_py():
         out["rank"] = pc.cast(pc.if_else(pc.equal(rank, ""), "0", rank), pa.int32())
     mask = pa.array(good)
     return {k: v.filter(mask) for k, v in out.items()}, good

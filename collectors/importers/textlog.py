@@ -143,8 +143,11 @@ def floats_at(lines: pa.Array, span: tuple[np.ndarray, np.ndarray, np.ndarray], 
 def ints_at(lines: pa.Array, span: tuple[np.ndarray, np.ndarray, np.ndarray], line_numbers: np.ndarray,
             path: str | Path, name: str) -> pa.Array:
     """int64 of digit spans present on every line; anything odd goes through ``to_int`` for its error."""
-    present, starts, stops = span
-    values = spans(lines, starts, stops)
+    return ints_or_error(spans(lines, span[1], span[2]), line_numbers, path, name)
+
+
+def ints_or_error(values: pa.Array, line_numbers: np.ndarray, path: str | Path, name: str) -> pa.Array:
+    """int64 of digit strings in one cast; anything odd goes through ``to_int`` for its error."""
     try:
         ints = pc.cast(values, pa.int64())
         if len(ints) and pc.max(pc.abs(ints)).as_py() > 2**62:
