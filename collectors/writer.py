@@ -2,7 +2,7 @@
 
 ``Monitor`` hands over one ``MetricsBatch`` per flush (host values already
 copied off the device, or being copied, with an event to wait on), events and
-run metadata, in order, through a bounded queue. One daemon thread turns each
+run metadata, in order, through a queue bounded in metric batches. One daemon thread turns each
 item into an Arrow table and writes it through ``runwatch.data.storage``
 (temporary name, then rename). A failed item is counted and warned about once,
 and the thread keeps going: the observer never kills the patient.
@@ -10,9 +10,9 @@ and the thread keeps going: the observer never kills the patient.
 
 from __future__ import annotations
 
-import queue
 import threading
 import warnings
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -120,17 +120,59 @@ def batch_table(batch: MetricsBatch) -> pa.Table:
     return conform_metrics(pa.Table.from_arrays(arrays, schema=pa.schema(fields)))
 
 
+class WorkQueue:
+    """FIFO of writer items, bounded in metric batches: when full, the oldest metrics batch makes room.
+
+    Events and run metadata are few and small, and are never dropped: a lost
+    checkpoint event would mislead the rollback advisor, a lost "finished"
+    would make a finished run look stalled.
+    """
+
+    def __init__(self, max_metrics: int) -> None:
+        self._items: deque[WriterItem | None] = deque()
+        self._cond = threading.Condition()
+        self._max_metrics = max_metrics
+        self._num_metrics = 0
+
+    def put(self, item: WriterItem | None) -> MetricsBatch | None:
+        """Append ``item``; return the metrics batch dropped to make room, if any. Never blocks."""
+        dropped = None
+        with self._cond:
+            if isinstance(item, MetricsBatch):
+                if self._num_metrics >= self._max_metrics:
+                    dropped = next(x for x in self._items if isinstance(x, MetricsBatch))
+                    self._items.remove(dropped)
+                else:
+                    self._num_metrics += 1
+            self._items.append(item)
+            self._cond.notify()
+        return dropped
+
+    def get(self) -> WriterItem | None:
+        with self._cond:
+            while not self._items:
+                self._cond.wait()
+            item = self._items.popleft()
+            if isinstance(item, MetricsBatch):
+                self._num_metrics -= 1
+            return item
+
+    def empty(self) -> bool:
+        with self._cond:
+            return not self._items
+
+
 class BackgroundWriter:
     """A daemon thread draining a bounded queue of ``WriterItem``s into the store.
 
-    ``submit`` never blocks: when the queue is full the oldest waiting batch is
-    dropped (and its rows counted), so memory stays bounded when the disk is
+    ``submit`` never blocks: when ``max_queue`` metric batches wait, the oldest
+    is dropped (and its rows counted), so memory stays bounded when the disk is
     slower than the loop. ``close`` drains and joins.
     """
 
     def __init__(self, root: str | Path, *, max_queue: int, name: str = "runwatch-writer") -> None:
         self.root = Path(root)
-        self._queue: queue.Queue[WriterItem | None] = queue.Queue(maxsize=max_queue)
+        self._queue = WorkQueue(max_queue)
         self._lock = threading.Lock()
         self.num_errors = 0
         self.num_dropped_rows = 0
@@ -145,26 +187,15 @@ class BackgroundWriter:
         return self._thread.is_alive()
 
     def submit(self, item: WriterItem) -> None:
-        """Queue ``item``; if the queue is full, drop the oldest waiting item first."""
-        while True:
-            try:
-                self._queue.put_nowait(item)
-                return
-            except queue.Full:
-                try:
-                    dropped = self._queue.get_nowait()
-                except queue.Empty:
-                    continue
-                self._queue.task_done()
-                self._count_drop(dropped, "the writer cannot keep up; dropped the oldest waiting batch")
+        """Queue ``item``; if ``max_queue`` metric batches already wait, drop the oldest of them."""
+        dropped = self._queue.put(item)
+        if dropped is not None:
+            self._count_drop(dropped, "the writer cannot keep up; dropped the oldest waiting batch")
 
     def close(self, timeout: float) -> bool:
         """Write everything queued, stop the thread; False if it did not finish in ``timeout`` seconds."""
         if self._thread.is_alive():
-            try:
-                self._queue.put(None, timeout=timeout)
-            except queue.Full:
-                return False
+            self._queue.put(None)
             self._thread.join(timeout)
         return not self._thread.is_alive()
 
@@ -189,8 +220,6 @@ class BackgroundWriter:
                 self._write(item)
             except Exception as err:  # a failed write must not end the thread
                 self._count_drop(item, f"writing to {self.root} failed: {type(err).__name__}: {err}")
-            finally:
-                self._queue.task_done()
 
     def _write(self, item: WriterItem) -> None:
         if isinstance(item, MetricsBatch):

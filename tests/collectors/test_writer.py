@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from runwatch.collectors.writer import BackgroundWriter, MetricsBatch, batch_table
+from runwatch.collectors.writer import BackgroundWriter, EventsBatch, MetricsBatch, RunMetaUpdate, WorkQueue, batch_table
 from runwatch.data.record import METRIC_COLUMNS
 from runwatch.data.store import Store
 
@@ -55,3 +55,13 @@ def test_full_queue_drops_the_oldest_and_counts(tmp_path: Path) -> None:
         steps = store.rows("q")["step"].to_pylist()
     # The newest two batches survive: memory is bounded by max_queue, recent rows are kept.
     assert steps[300_000:] == [1_000_080 + i for i in range(5)] + [1_000_090 + i for i in range(5)]
+
+
+def test_a_full_queue_never_drops_events_or_run_metadata(tmp_path: Path) -> None:
+    queue = WorkQueue(max_metrics=1)
+    first, second = MetricsBatch("q", 0, 0, [{"step": 1}]), MetricsBatch("q", 0, 0, [{"step": 2}])
+    checkpoint = EventsBatch("q", 0, 0, [{"event": "checkpoint", "step": 1, "path": "c/1"}])
+    finished = RunMetaUpdate("q", {"finished": True})
+    assert queue.put(first) is None and queue.put(checkpoint) is None and queue.put(finished) is None
+    assert queue.put(second) is first  # only a metrics batch makes room
+    assert [queue.get() for _ in range(3)] == [checkpoint, finished, second] and queue.empty()
