@@ -41,7 +41,8 @@ def checkpoints_from_events(events: pa.Table) -> list[dict]:
     deleted_paths = set()
     for ev in rows:
         payload = _payload(ev)
-        if ev["event"] == "note" and payload.get("path") and ("delet" in json.dumps(payload).lower()):
+        # Retention says so explicitly: a note {"path": ..., "deleted": true} (or "retained": false).
+        if ev["event"] == "note" and payload.get("path") and (payload.get("deleted") is True or payload.get("retained") is False):
             deleted_paths.add(payload["path"])
     out = []
     for ev in rows:

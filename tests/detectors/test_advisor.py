@@ -42,8 +42,11 @@ def test_deleted_checkpoint_is_said_and_the_next_one_used() -> None:
     rb = analyze(rows, events_table(events)).rollback
     assert rb.checkpoint_step == 1500 and rb.checkpoint_missing and "1900" in rb.reason
     # A 'note' event saying the file was deleted works too, and so does a path not on disk.
-    events = _ckpts([1000, 1500, 1900]) + [{"event": "note", "step": 1950, "payload": {"path": "/ckpt/step1900", "text": "deleted by retention"}}]
+    events = _ckpts([1000, 1500, 1900]) + [{"event": "note", "step": 1950, "payload": {"path": "/ckpt/step1900", "deleted": True}}]
     assert analyze(rows, events_table(events)).rollback.checkpoint_step == 1500
+    # A note that merely mentions deletion does not delete anything.
+    events = _ckpts([1000, 1500, 1900]) + [{"event": "note", "step": 1950, "payload": {"path": "/ckpt/step1900", "text": "not deleted"}}]
+    assert analyze(rows, events_table(events)).rollback.checkpoint_step == 1900
     rb = analyze(rows, events_table(_ckpts([1000, 1500, 1900])), present_paths={"/ckpt/step1000"}).rollback
     assert rb.checkpoint_step == 1000 and rb.checkpoint_missing
 
