@@ -16,7 +16,7 @@ import os
 import re
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 import pyarrow as pa
@@ -65,18 +65,6 @@ def _write_parquet_synced(table: pa.Table, path: Path) -> None:
         os.fsync(f.fileno())  # the bytes are on disk before the rename publishes them
 
 
-def write_parquet_atomic(table: pa.Table, path: Path) -> Path:
-    """Write ``table`` to ``path`` whole: temporary name, fsync, rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _temp_path(path)
-    try:
-        _write_parquet_synced(table, tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
-
-
 def _write_bytes_synced(data: bytes, path: Path) -> None:
     with open(path, "wb") as f:
         f.write(data)
@@ -84,15 +72,38 @@ def _write_bytes_synced(data: bytes, path: Path) -> None:
         os.fsync(f.fileno())
 
 
-def write_bytes_atomic(data: bytes, path: Path) -> Path:
+def _fsync_dir(directory: Path) -> None:
+    """Make renames into ``directory`` durable (a no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _publish(path: Path, write: Callable[[Path], None]) -> Path:
+    """Write a file whole under a temporary name, then rename it into place."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _temp_path(path)
     try:
-        _write_bytes_synced(data, tmp)
+        write(tmp)
         os.replace(tmp, path)
+        _fsync_dir(path.parent)
     finally:
         tmp.unlink(missing_ok=True)
     return path
+
+
+def write_parquet_atomic(table: pa.Table, path: Path) -> Path:
+    """Write ``table`` to ``path`` whole: temporary name, fsync, rename."""
+    return _publish(path, lambda tmp: _write_parquet_synced(table, tmp))
+
+
+def write_bytes_atomic(data: bytes, path: Path) -> Path:
+    return _publish(path, lambda tmp: _write_bytes_synced(data, tmp))
 
 
 def events_jsonl(events: Iterable[Mapping[str, object]]) -> bytes:
@@ -161,6 +172,8 @@ class StagedWrite:
         for tmp, final in self._moves:
             os.replace(tmp, final)
             done.append(final)
+        for directory in {p.parent for p in done}:
+            _fsync_dir(directory)
         self._moves = []
         return done
 
