@@ -42,6 +42,8 @@ def test_overview_lists_runs_with_health(monkeypatch: pytest.MonkeyPatch, demo_r
     assert {"demo-diverged", "demo-rollback"} <= set(table["run"])  # the browser test adds a live run
     health = dict(zip(table["run"], table["health"]))
     assert health["demo-diverged"] in ("action needed", "stalled")  # an unrecovered loss, then the trainer stopped
+    what = dict(zip(table["run"], table["what"]))
+    assert "divergence" in what["demo-diverged"]  # caught as such, whichever health the timing shows
     assert health["demo-rollback"] in ("healthy", "watching")  # rolled back and finished: not stalled
     assert table["run"].iloc[0] == "demo-diverged"  # worst first
     assert "action needed" in markdown(at) or "stalled" in markdown(at)
