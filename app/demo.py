@@ -83,7 +83,7 @@ class Progress:
 
 
 def _batches(plan: DemoPlan, seed: int, start: int) -> Iterator:
-    from runwatch.collectors.tinygpt import TinyGPTConfig, synthetic_batches
+    from runwatch.app.tinygpt import TinyGPTConfig, synthetic_batches
 
     it = synthetic_batches(TinyGPTConfig(), plan.batch_size, seed=seed)
     for _ in range(start):  # the data position after `start` steps: deterministic, so a resume sees the same data
@@ -95,7 +95,7 @@ def _inject_faults(plan: DemoPlan, step: int, batch: torch.Tensor, lr: float, mo
     """What goes wrong at ``step``: corrupted batches with an LR burst, then an LR jump that sticks."""
     import torch
 
-    from runwatch.collectors.tinygpt import TinyGPTConfig
+    from runwatch.app.tinygpt import TinyGPTConfig
 
     if plan.bad_batches[0] <= step <= plan.bad_batches[1]:
         batch = torch.randint(0, TinyGPTConfig().vocab_size, batch.shape)  # uniform noise, not the Markov text
@@ -119,7 +119,7 @@ def _train_segment(root: Path, run: str, plan: DemoPlan, *, start: int, stop: in
 
     from runwatch.collectors import Monitor
     from runwatch.collectors.monitor import MonitorConfig
-    from runwatch.collectors.tinygpt import TinyGPT, TinyGPTConfig, cosine_lr, set_lr, train_step
+    from runwatch.app.tinygpt import TinyGPT, TinyGPTConfig, cosine_lr, set_lr, train_step
 
     seed = plan.seed + (1 if run == "demo-diverged" else 0)  # its own curve; healthy and rollback share one
     torch.manual_seed(seed)

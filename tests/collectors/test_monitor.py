@@ -15,7 +15,7 @@ import torch
 from runwatch.collectors import Monitor
 from runwatch.collectors.monitor import MonitorConfig
 from runwatch.collectors.signals import activation_rms
-from runwatch.collectors.tinygpt import TinyGPT, TinyGPTConfig, synthetic_batches, train_step
+from runwatch.app.tinygpt import TinyGPT, TinyGPTConfig, synthetic_batches, train_step
 from runwatch.data.store import Store
 
 torch.set_num_threads(1)

@@ -19,7 +19,7 @@ import torch
 
 from runwatch.collectors import Monitor
 from runwatch.collectors.monitor import MonitorConfig
-from runwatch.collectors.tinygpt import TinyGPT, TinyGPTConfig, synthetic_batches, train_step
+from runwatch.app.tinygpt import TinyGPT, TinyGPTConfig, synthetic_batches, train_step
 
 
 def main() -> None:
