@@ -2,9 +2,10 @@
 
 Split from ``megatron.py`` so each stays small: this module turns the field
 text of many lines into record columns in a few vectorised passes (one C++
-split on ``|``, fields cut at their colon by position, one DFA check of the
-values, keys handled once per distinct key, one pivot per column) and finds
-events (literal byte search of the raw file, RE2 only on the hit lines).
+split on ``|``, fields cut at their colon by position, one cast of all values
+with the number regex only for non-finite ones, keys handled once per distinct
+key, one scatter into a line x key grid) and finds events (literal byte search
+of the raw file, RE2 only on the hit lines).
 """
 
 from __future__ import annotations
