@@ -39,7 +39,7 @@ PANELS_COLUMNS: tuple[str, ...] = tuple(p.column for p in PANELS)
 MAIN_COLOR = "#1f4e79"
 BRANCH_COLOR = "#8a96a3"
 NONFINITE_COLOR = "#c0392b"
-SEVERITY_COLORS = {"critical": "#e74c3c", "warning": "#f39c12", "info": "#3498db"}
+SEVERITY_COLORS = {"critical": "#e74c3c", "warning": "#f39c12", "info": "#3498db", "history": "#95a5a6"}
 RUN_COLORS = ("#1f4e79", "#d35400", "#27ae60", "#8e44ad", "#c0392b", "#16a085", "#7f8c8d", "#2c3e50")
 
 

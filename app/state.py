@@ -156,10 +156,11 @@ def run_chart(root_dir: str, run: str, sig: tuple[float, int], x: str, lo: float
     events = load_events(root_dir, run, sig)
     findings = list(getattr(_report, "findings", []) or [])
     last_step = max((s["last_step"] for s in segments), default=0)
+    abandoned_from = {s["segment"]: s["abandoned_from"] for s in segments if s["abandoned_from"] is not None}
     fig = figures.run_figure(
-        series, x_title=x, bands=views.finding_bands(findings, last_step, to_x),
+        series, x_title=x, bands=views.finding_bands(findings, last_step, to_x, abandoned_from),
         checkpoints=views.event_marks(events, "checkpoint", to_x), resumes=views.event_marks(events, "resume", to_x),
-        abandoned_from={s["segment"]: s["abandoned_from"] for s in segments if s["abandoned_from"] is not None},
+        abandoned_from=abandoned_from,
         x_range=(lo, hi) if lo is not None and hi is not None else None,
     )
     fig.update_layout(uirevision=f"{run}:{x}:{lo}:{hi}")  # keep the user's client-side zoom across live ticks

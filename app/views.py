@@ -123,22 +123,31 @@ def findings_rows(findings: Iterable[object]) -> list[dict]:
 
 
 def finding_bands(findings: Iterable[object], last_step: int,
-                  x_of_step: Callable[[float], float] | None = None) -> list[dict]:
+                  x_of_step: Callable[[float], float] | None = None,
+                  abandoned_from: Mapping[int, int] | None = None) -> list[dict]:
     """Shaded chart bands (in x units) for findings; an open one runs to the last step.
 
     Closed speed findings (a stall that resumed, a slowdown that passed) get
-    no band: on a shared machine they are many, and they are in the table.
+    no band: on a shared machine they are many, and they are in the table. A
+    finding on a branch that a resume abandoned is history: its band is grey,
+    labelled "rolled back" and stops where the main line took over, so it
+    never shades the healthy replay.
     """
     to_x = x_of_step or float
+    abandoned_from = abandoned_from or {}
     bands = []
     for f in findings:
-        if f.kind in PERFORMANCE_KINDS and not getattr(f, "open", False):
+        is_open = bool(getattr(f, "open", False))
+        if f.kind in PERFORMANCE_KINDS and not is_open:
             continue
-        end = f.end_step if f.end_step is not None else (last_step if getattr(f, "open", False) else f.peak_step)
+        end = f.end_step if f.end_step is not None else (last_step if is_open else f.peak_step)
         end = f.onset_step if end is None else end
-        bands.append({"x0": to_x(f.onset_step), "x1": to_x(end), "severity": f.severity,
-                      "label": f.kind.replace("_", " "), "open": bool(getattr(f, "open", False)),
-                      "panels": ("step_time",) if f.kind in PERFORMANCE_KINDS else None})
+        label, severity = f.kind.replace("_", " "), f.severity
+        cut = abandoned_from.get(f.segment)
+        if not is_open and cut is not None and end >= cut:
+            end, label, severity = max(f.onset_step, cut), f"{label} (rolled back)", "history"
+        bands.append({"x0": to_x(f.onset_step), "x1": to_x(end), "severity": severity, "label": label,
+                      "open": is_open, "panels": ("step_time",) if f.kind in PERFORMANCE_KINDS else None})
     return bands
 
 

@@ -128,3 +128,12 @@ def test_import_paths_cannot_leave_the_root(tmp_path: Path) -> None:
             views.resolve_under_root(root, bad)
     with pytest.raises(ValueError, match="no such file"):
         views.resolve_under_root(root, "archive/missing.jsonl")
+
+
+def test_a_rolled_back_finding_is_grey_and_stops_where_the_main_line_took_over() -> None:
+    rolled_back = _finding("divergence", 200, open_=False, severity="critical", needs=True, end=400)
+    [band] = views.finding_bands([rolled_back], last_step=480, abandoned_from={0: 220})
+    assert (band["x0"], band["x1"], band["severity"]) == (200, 220, "history")
+    assert band["label"] == "divergence (rolled back)"
+    [band] = views.finding_bands([rolled_back], last_step=480)  # the same finding with no resume after it
+    assert (band["x1"], band["severity"]) == (400, "critical")
