@@ -124,9 +124,11 @@ def write_import(root: str | Path, run: str, parsed: ParsedLog, *, replace: bool
 
     files: list[Path] = []
     with StagedWrite(root) as staged:
-        for seg, rank in sorted(set(zip(segments.tolist(), ranks.tolist()))):
-            mask = pa.array((segments == seg) & (ranks == rank))
-            files.append(staged.add_metrics(run, seg, rank, body.filter(mask)))
+        parts = np.unique(np.stack([segments, ranks], axis=1), axis=0)
+        for seg, rank in parts.tolist():
+            # One partition (the usual import) is the whole table: no filter pass over millions of rows.
+            part = body if len(parts) == 1 else body.filter(pa.array((segments == seg) & (ranks == rank)))
+            files.append(staged.add_metrics(run, seg, rank, part))
         for (seg, rank), evs in sorted(events_by_part.items()):
             path = staged.add_events(run, seg, rank, evs)
             if path is not None:
