@@ -34,7 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from runwatch.collectors.importers.base import LogFormatError, ParsedLog
-from runwatch.collectors.importers.textlog import LONG_GAP_S, NUMBER_RE, build_table, parse_each, read_lines
+from runwatch.collectors.importers.textlog import LONG_GAP_S, NUMBER_RE, build_table, read_lines
 
 _N = NUMBER_RE
 _TIME = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)(?:,(\d+))?\]")

@@ -11,17 +11,16 @@ fields of good lines are cut out by literal key positions and cast in bulk.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from runwatch.collectors.importers.base import LogFormatError, ParsedLog
 from runwatch.collectors.importers.textlog import (
-    NUMBER_RE, build_table, floats_at, ints_at, keyed_spans, merge_same_step, parse_each, read_lines,
+    NUMBER_RE, build_table, first_line_matches, floats_at, ints_at, keyed_spans, matches, merge_same_step, parse_each,
+    read_lines,
 )
 
 _STEP_LINE = r"^s:\d"
@@ -33,22 +32,15 @@ EXPECTED = "an llm.c line 's:STEP trl:LOSS [lr:LR norm:NORM]' or 's:STEP tel:VAL
 
 def sniff(head: str) -> bool:
     """True when the first non-blank line is an llm.c step line."""
-    for line in head.splitlines():
-        if line.strip():
-            return re.match(r"^s:\d+ (trl|tel):\S+", line) is not None
-    return False
-
-
-def _mask(values: pa.Array) -> np.ndarray:
-    return pc.fill_null(values, False).to_numpy(zero_copy_only=False)
+    return first_line_matches(head, r"^s:\d+ (trl|tel):\S+")
 
 
 def parse_file(path: Path, skip_bad_lines: bool) -> ParsedLog:
     lines = read_lines(path)
-    ok = _mask(pc.match_substring_regex(lines, _LINE))
+    ok = matches(lines, _LINE)
     miss = np.flatnonzero(~ok)
     # Lines that claim to be step lines but do not parse; everything else is noise.
-    claimed = miss[_mask(pc.match_substring_regex(lines.take(pa.array(miss)), _STEP_LINE))] if len(miss) else miss
+    claimed = miss[matches(lines.take(pa.array(miss)), _STEP_LINE)] if len(miss) else miss
     idx = np.flatnonzero(ok)
     good = lines if len(idx) == len(lines) else lines.filter(pa.array(ok))
     fields = keyed_spans(good, 2, [(f" {key}:", 0) for key in _FIELDS])

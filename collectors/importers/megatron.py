@@ -35,7 +35,7 @@ from runwatch.collectors.importers.megatron_fields import (
     fields_to_columns, find_events, split_pieces,
 )
 from runwatch.collectors.importers.textlog import (
-    build_table, data_bytes, lines_containing, merge_same_step, offsets, parse_each, read_text,
+    build_table, data_bytes, lines_containing, matches, merge_same_step, offsets, parse_each, read_text,
 )
 
 _PREFIX = r"^\s*(?:\[default(?P<rank>\d+)\]:)?\s*"
@@ -52,10 +52,6 @@ _CONTINUATION_STOP = re.compile(r"^\s*(\[default\d+\]:\s*)?(iteration\s|valid|ti
 def sniff(head: str) -> bool:
     """True when the head holds a Megatron iteration line."""
     return re.search(r"(?m)^\s*(\[default\d+\]:)?\s*iteration\s+\d+\s*/\s*\d+\s*\|", head) is not None
-
-
-def _mask(values: pa.Array) -> np.ndarray:
-    return pc.fill_null(values, False).to_numpy(zero_copy_only=False)
 
 
 def _rejoin(lines: pa.Array, idx: np.ndarray, texts: pa.Array) -> pa.Array:
@@ -92,7 +88,7 @@ def _parse_kind(texts: pa.Array, idx: np.ndarray, head: tuple[str, str | None], 
     flat, loff = split_pieces(texts)
     heads = flat.take(pa.array(loff[:-1]))
     # A line is good when its head matches and a '|' follows it.
-    ok = _mask(pc.match_substring_regex(heads, head[0])) & (np.diff(loff) >= 2)
+    ok = matches(heads, head[0]) & (np.diff(loff) >= 2)
     num_skipped = 0
     if not ok.all():
         bad = int(np.flatnonzero(~ok)[0])
@@ -107,12 +103,12 @@ def _parse_kind(texts: pa.Array, idx: np.ndarray, head: tuple[str, str | None], 
 
 def parse_file(path: Path, skip_bad_lines: bool) -> ParsedLog:
     lines, raw = read_text(path)
-    cand = np.flatnonzero(_mask(pc.match_substring_regex(lines, _EITHER_START)))
+    cand = np.flatnonzero(matches(lines, _EITHER_START))
     heads = lines.take(pa.array(cand, pa.int64()))
-    is_it = _mask(pc.match_substring_regex(heads, ITERATION_START))
+    is_it = matches(heads, ITERATION_START)
     it_idx = cand[is_it]
     # The two starts exclude each other: only the other candidates can be validation lines.
-    val_idx = cand[~is_it][_mask(pc.match_substring_regex(heads.filter(pa.array(~is_it)), VALID_START))]
+    val_idx = cand[~is_it][matches(heads.filter(pa.array(~is_it)), VALID_START)]
     if not len(it_idx):
         raise LogFormatError(path, None, f"no megatron iteration lines ('iteration N/ M | ...') found in {path}")
     texts = _rejoin(lines, it_idx, heads if is_it.all() else heads.filter(pa.array(is_it)))

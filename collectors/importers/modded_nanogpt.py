@@ -13,7 +13,6 @@ fields of good lines are cut out by literal key positions and cast in bulk.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -23,7 +22,8 @@ import pyarrow.compute as pc
 
 from runwatch.collectors.importers.base import LogFormatError, ParsedLog
 from runwatch.collectors.importers.textlog import (
-    NUMBER_RE, build_table, data_bytes, floats_at, ints_at, keyed_spans, merge_same_step, parse_each, read_lines,
+    NUMBER_RE, build_table, data_bytes, first_line_matches, floats_at, ints_at, keyed_spans, matches, merge_same_step,
+    parse_each, read_lines,
 )
 
 _STEP_LINE = r"^step:\d"
@@ -34,10 +34,7 @@ EXPECTED = "a modded-nanogpt line 'step:N/M train_loss:X train_time:Tms step_avg
 
 def sniff(head: str) -> bool:
     """True when the first non-blank line is a modded-nanogpt step line."""
-    for line in head.splitlines():
-        if line.strip():
-            return re.match(r"^step:\d+/\d+ (train_loss|val_loss):", line) is not None
-    return False
+    return first_line_matches(head, r"^step:\d+/\d+ (train_loss|val_loss):")
 
 
 def _missing_nan(values: pa.Array) -> pa.Array:
@@ -58,16 +55,12 @@ def _step_time(steps: np.ndarray, train_s: np.ndarray, is_train: np.ndarray) -> 
     return out
 
 
-def _mask(values: pa.Array) -> np.ndarray:
-    return pc.fill_null(values, False).to_numpy(zero_copy_only=False)
-
-
 def _good_lines(lines: pa.Array, path: Path, skip_bad_lines: bool) -> tuple[np.ndarray, int]:
     """Indices of the step lines that parse, and how many claimed step lines did not."""
-    ok = _mask(pc.match_substring_regex(lines, _LINE))
+    ok = matches(lines, _LINE)
     miss = np.flatnonzero(~ok)
     # Lines that claim to be step lines but do not parse; everything else is noise.
-    bad = miss[_mask(pc.match_substring_regex(lines.take(pa.array(miss)), _STEP_LINE))] if len(miss) else miss
+    bad = miss[matches(lines.take(pa.array(miss)), _STEP_LINE)] if len(miss) else miss
     idx = np.flatnonzero(ok)
     if not len(idx) and not len(bad):
         raise LogFormatError(path, None, "no modded-nanogpt step lines ('step:N/M train_loss:...') found")

@@ -319,5 +319,14 @@ def build_table(columns: dict[str, pa.Array]) -> pa.Table:
     return table.append_column("rank", pc.cast(rank, pa.int32())) if rank is not None else table
 
 
-def head_lines(head: str, limit: int = 4000) -> list[str]:
-    return head.splitlines()[:limit]
+def matches(lines: pa.Array, pattern: str) -> np.ndarray:
+    """Boolean mask of the lines matching ``pattern`` (RE2, vectorised); null lines do not match."""
+    return pc.fill_null(pc.match_substring_regex(lines, pattern), False).to_numpy(zero_copy_only=False)
+
+
+def first_line_matches(head: str, pattern: str) -> bool:
+    """True when the first non-blank line of ``head`` matches ``pattern``: a sniffer for line formats."""
+    for line in head.splitlines():
+        if line.strip():
+            return re.match(pattern, line) is not None
+    return False
