@@ -67,14 +67,11 @@ def _payload(ev: dict) -> dict:
     return value if isinstance(value, dict) else {}
 
 
-def _healthy(ckpt_step: int, main: dict[str, np.ndarray], findings: list[Finding]) -> tuple[bool, str]:
-    """OPT criteria over the observations up to the checkpoint."""
-    ok, why, _ = _health(ckpt_step, main, findings)
-    return ok, why
+HEALTHY = "loss scale ok, activation norm flat, all values finite"
 
 
 def _health(ckpt_step: int, main: dict[str, np.ndarray], findings: list[Finding]) -> tuple[bool, str, int | None]:
-    """``_healthy`` plus the step an activation-norm climb into the checkpoint began (None if none)."""
+    """OPT criteria over the observations up to the checkpoint: (healthy, why, start of an act-norm climb or None)."""
     steps = main["step"]
     upto = int(np.searchsorted(steps, ckpt_step, side="right"))
     lo = max(0, upto - HEALTH_WINDOW)
@@ -96,7 +93,7 @@ def _health(ckpt_step: int, main: dict[str, np.ndarray], findings: list[Finding]
     growth = act_growth_start(steps, main["act_norm"], ckpt_step + 1)
     if growth is not None:
         return False, f"activation norm climbing since step {growth}", growth
-    return True, "loss scale ok, activation norm flat, all values finite", None
+    return True, HEALTHY, None
 
 
 def _position(main: dict[str, np.ndarray], name: str, step: int) -> int | None:
@@ -177,7 +174,7 @@ def advise(findings: list[Finding], checkpoints: list[dict], main: dict[str, np.
         cutoff, evidence["act_norm_growth_from"] = growth, growth
     chosen, missing, rejected, walked = _choose(checkpoints, cutoff, main, findings, present_paths)
     if walked < cutoff:
-        growth = cutoff = evidence["act_norm_growth_from"] = walked
+        cutoff = evidence["act_norm_growth_from"] = walked
     skip, positions = skip_window(chosen["step"] if chosen else None, target, main)
     evidence.update(positions)
     evidence["cutoff_step"] = cutoff
@@ -185,11 +182,12 @@ def advise(findings: list[Finding], checkpoints: list[dict], main: dict[str, np.
     fp16 = bool(np.isfinite(main["loss_scale"]).any())
     lr = evidence["lr_at_onset"] = target.evidence.get("lr_at_onset")
     actions = _actions(target, chosen, skip, fp16, lr)
-    before = "before the activation-norm growth from step %d" % growth if "act_norm_growth_from" in evidence else \
-        f"before the onset at step {target.onset_step}"
+    if "act_norm_growth_from" in evidence:
+        before = f"before the activation-norm growth from step {evidence['act_norm_growth_from']}"
+    else:
+        before = f"before the onset at step {target.onset_step}"
     if chosen:
-        why = _healthy(chosen["step"], main, findings)[1]
-        reason = f"{target.message}. Checkpoint {chosen['step']} is the latest one {before} that is retained and healthy ({why})."
+        reason = f"{target.message}. Checkpoint {chosen['step']} is the latest one {before} that is retained and healthy ({HEALTHY})."
         evidence["resume_hint"] = f"--resume {chosen['path']} --skip-batches {skip[0]}-{skip[1]}"
     else:
         reason = f"{target.message}. No retained, healthy checkpoint exists {before}."
