@@ -24,7 +24,9 @@ FORMATS: dict[str, str] = {
     "fairseq": "metaseq",
     "llmc": "llmc",
     "modded-nanogpt": "modded_nanogpt",
+    "nanogpt": "nanogpt",
     "megatron": "megatron",
+    "hf-trainer": "hf_trainer",
     "deepspeed": "deepspeed",
     "csv": "csv_log",
 }

@@ -14,6 +14,10 @@ since the previous iteration line. ``validation loss at iteration N`` lines add
 process; Megatron prints from one rank, so rows are rank 0 unless several ranks
 print different values. Iteration lines hard-wrapped by other tools are rejoined.
 The log has no wall clock on these lines, so ``time`` stays null.
+GPT-NeoX prints the same shape with its own spellings: a leading
+``samples/sec: X |`` (moved behind the iteration head, kept as an extra),
+``lm_loss`` -> loss, ``approx flops per GPU: 150.3TFLOPS`` (-> FLOP/s) and
+``validation results at iteration N | lm_loss value: X | lm_loss_ppl value: Y``.
 
 Speed: one anchored RE2 pass finds the iteration and validation lines, the
 field text is split in C++ and pivoted per distinct key (megatron_fields),
@@ -40,18 +44,28 @@ from runwatch.collectors.importers.textlog import (
 
 _PREFIX = r"^\s*(?:\[default(?P<rank>\d+)\]:)?\s*"
 ITERATION_START = _PREFIX + r"iteration\s+[^\s=(,]+\s*/"
-VALID_START = _PREFIX + r"valid(?:ation)? loss at iteration\s"
+VALID_START = _PREFIX + r"valid(?:ation)? (?:loss|results) at iteration\s"
+# GPT-NeoX puts its throughput before the iteration head: "samples/sec: 51.2 | iteration 10/ 50 | ...".
+_RATE_FIRST = r"^(\s*(?:\[default\d+\]:)?\s*)(samples/sec:[^|]*\|)\s*(iteration\s[^|]*\|)"
 # The text before a line's first '|' (its head), and where the step number ends in it.
 _ITERATION = (_PREFIX + r"iteration\s+(?P<step>\d+)\s*/\s*\d+\s*$", "/")
-_VALID = (_PREFIX + r"valid(?:ation)? loss at iteration\s+(?P<step>\d+)\s*$", None)
+_VALID = (_PREFIX + r"valid(?:ation)? (?:loss|results) at iteration\s+(?P<step>\d+)\s*$", None)
 # One anchored pass over every line finds both kinds (RE2 gives up on noise after a few bytes).
-_EITHER_START = r"^\s*(?:\[default\d+\]:)?\s*(?:iteration\s|valid)"
+_EITHER_START = r"^\s*(?:\[default\d+\]:)?\s*(?:samples/sec:[^|]*\|\s*)?(?:iteration\s|valid)"
 _CONTINUATION_STOP = re.compile(r"^\s*(\[default\d+\]:\s*)?(iteration\s|valid|time \(ms\)|\[\d{4}-|$|#|\.\.\.)")
 
 
 def sniff(head: str) -> bool:
     """True when the head holds a Megatron iteration line."""
-    return re.search(r"(?m)^\s*(\[default\d+\]:)?\s*iteration\s+\d+\s*/\s*\d+\s*\|", head) is not None
+    return re.search(r"(?m)^\s*(\[default\d+\]:)?\s*(samples/sec:[^|\n]*\|\s*)?iteration\s+\d+\s*/\s*\d+\s*\|",
+                     head) is not None
+
+
+def _rate_last(heads: pa.Array) -> pa.Array:
+    """GPT-NeoX lines with the iteration head first, so every line starts the Megatron way."""
+    if not pc.any(pc.match_substring(heads, "samples/sec:")).as_py():
+        return heads
+    return pc.replace_substring_regex(heads, _RATE_FIRST, r"\1\3 \2")
 
 
 def _rejoin(lines: pa.Array, idx: np.ndarray, texts: pa.Array) -> pa.Array:
@@ -104,7 +118,7 @@ def _parse_kind(texts: pa.Array, idx: np.ndarray, head: tuple[str, str | None], 
 def parse_file(path: Path, skip_bad_lines: bool) -> ParsedLog:
     lines, raw = read_text(path)
     cand = np.flatnonzero(matches(lines, _EITHER_START))
-    heads = lines.take(pa.array(cand, pa.int64()))
+    heads = _rate_last(lines.take(pa.array(cand, pa.int64())))
     is_it = matches(heads, ITERATION_START)
     it_idx = cand[is_it]
     # The two starts exclude each other: only the other candidates can be validation lines.

@@ -25,6 +25,7 @@ from runwatch.collectors.importers.textlog import (
 # Field keys with all whitespace removed (hard-wrapping can drop or keep a space) -> (column, scale).
 TRAIN_KEYS: dict[str, tuple[str, float]] = {
     "lmloss": ("loss", 1.0),
+    "lm_loss": ("loss", 1.0),  # GPT-NeoX
     "loss": ("loss", 1.0),
     "gradnorm": ("grad_norm", 1.0),
     "lossscale": ("loss_scale", 1.0),
@@ -43,7 +44,12 @@ TRAIN_KEYS: dict[str, tuple[str, float]] = {
 VAL_KEYS: dict[str, tuple[str, float]] = {
     "lmlossvalue": ("val_loss", 1.0),
     "lmlossppl": ("val_ppl", 1.0),
+    "lm_lossvalue": ("val_loss", 1.0),  # GPT-NeoX "validation results at iteration N | lm_loss value: X"
+    "lm_loss_pplvalue": ("val_ppl", 1.0),
 }
+# GPT-NeoX prints its FLOP rate human-readable ("150.3TFLOPS"): the prefix scales it to FLOP/s.
+_FLOPS = r"^\s*(?P<num>[0-9.]+(?:[eE][+-]?\d+)?)\s*(?P<prefix>[KMGTPE]?)FLOPS\s*$"
+_SI = {"": 1.0, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18}
 _VALUE = rf"^\s*{NUMBER_RE}$"
 _INT_COLUMNS = ("samples", "tokens")
 _HAS_NAME = re.compile(r"[A-Za-z)]")
@@ -156,6 +162,22 @@ def _numbers(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     return ok, floats
 
 
+def _unit_values(values: pa.Array) -> tuple[pa.Array, np.ndarray]:
+    """Values with a ``FLOPS`` unit as bare numbers, and the factor to FLOP/s per value (1 elsewhere)."""
+    scale = np.ones(len(values))
+    has = pc.fill_null(pc.match_substring(values, "FLOPS"), False).to_numpy(zero_copy_only=False)
+    if not has.any():
+        return values, scale
+    at = np.flatnonzero(has)
+    parts = pc.extract_regex(values.take(pa.array(at)), _FLOPS)  # no match -> null: stays junk, fails as such
+    good = pc.is_valid(parts).to_numpy(zero_copy_only=False)
+    at, parts = at[good], parts.filter(pa.array(good))
+    scale[at] = [_SI[p] for p in parts.field("prefix").to_pylist()]
+    mask = np.zeros(len(values), dtype=bool)
+    mask[at] = True
+    return pc.replace_with_mask(values, pa.array(mask), parts.field("num").cast(values.type)), scale
+
+
 def fields_to_columns(flat: pa.Array, loff: np.ndarray, lines_ok: np.ndarray, heads: pa.Array,
                       head: tuple[str, str | None], idx: np.ndarray, path: Path, skip: bool,
                       prefix: str) -> tuple[dict[str, pa.Array], np.ndarray]:
@@ -169,7 +191,9 @@ def fields_to_columns(flat: pa.Array, loff: np.ndarray, lines_ok: np.ndarray, he
     good = np.ones(n, dtype=bool)
     kept, parent = _fields(flat, loff, lines_ok)
     keys, values = _split_fields(flat, kept)
+    values, unit_scale = _unit_values(values)
     ok, floats = _numbers(values)
+    floats = floats * unit_scale
     ok, column, names = _key_columns(keys, ok, prefix)
     if not ok.all():
         bad = int(np.flatnonzero(~ok)[0])
