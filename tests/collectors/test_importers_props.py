@@ -10,7 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from runwatch.collectors.importers import (
-    csv_log, deepspeed, jsonl, llmc, megatron, megatron_golden, metaseq, modded_nanogpt, tensorboard, wandb,
+    csv_log, deepspeed, hf_trainer, jsonl, llmc, megatron, megatron_golden, metaseq, modded_nanogpt, nanogpt,
+    tensorboard, wandb,
 )
 
 # Fragments of real lines, so generated text reaches deep into each parser, mixed with junk.
@@ -22,8 +23,12 @@ FRAGMENTS = [
     "[Rank 0] step=", ", skipped=", ", lr=[", "]", "| INFO | train_inner | ", '{"num_updates": ', '"loss": ', "}",
     "step,loss,found_inf\n", "_step,_timestamp,loss\n", '{"lm loss": {"values": {"1": ', '"nan"', "1", "12", "3.5",
     "nan", "inf", "-1e9", "1e400", "abc", ",", ":", "\n", "\t", " ", "é", "\x00", "brain.Event:2",
+    "iter ", ": loss ", ", time ", "ms, mfu ", "%", "step 3: train loss ", ", val loss ", "saving checkpoint to out",
+    "{'loss': ", "{'eval_loss': ", "'grad_norm': ", "tensor(", "'", "{'train_runtime': ", '"log_history": [',
+    " samples/sec: ", "approx flops per GPU: ", "TFLOPS", "lm_loss: ", "validation results at iteration ",
 ]
-MODULES = [llmc, modded_nanogpt, megatron, megatron_golden, deepspeed, metaseq, csv_log, wandb, tensorboard, jsonl]
+MODULES = [llmc, modded_nanogpt, nanogpt, hf_trainer, megatron, megatron_golden, deepspeed, metaseq, csv_log, wandb,
+           tensorboard, jsonl]
 
 
 @pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__.rsplit(".", 1)[-1])
