@@ -53,7 +53,13 @@ def checkpoints_from_events(events: pa.Table) -> list[dict]:
         deleted = bool(payload.get("deleted")) or payload.get("retained") is False or path in deleted_paths
         out.append({"step": int(ev["step"]), "segment": ev.get("segment"), "path": path, "bytes": payload.get("bytes"),
                     "write_seconds": payload.get("write_seconds"), "deleted": deleted})
-    return sorted(out, key=lambda c: c["step"])
+    out.sort(key=lambda c: c["step"])
+    # A save to a path that a later save reused was overwritten (nanoGPT keeps one ckpt.pt): only the latest exists.
+    latest_at = {c["path"]: c["step"] for c in out if c["path"]}
+    for c in out:
+        if c["path"] and latest_at[c["path"]] != c["step"]:
+            c["deleted"] = True
+    return out
 
 
 def _payload(ev: dict) -> dict:

@@ -125,3 +125,13 @@ def test_to_dict_is_strict_json_with_the_contract_keys() -> None:
     for f in out["findings"]:
         assert set(f) >= {"kind", "onset_step", "end_step", "segment", "self_recovered", "severity", "message"}
     assert set(out["rollback"]) >= {"checkpoint_step", "checkpoint_path", "skip_batches", "actions", "reason"}
+
+
+def test_a_checkpoint_overwritten_by_a_later_save_is_gone() -> None:
+    steps, loss, grad = _unrecovered_spike_run()
+    rows = rows_table(steps, loss=loss, grad_norm=grad)
+    # One file rewritten at every save (nanoGPT's out/ckpt.pt): the saves at 1000 and 1500 were
+    # overwritten by the one at 2300, after the onset at 2000, so no retained checkpoint predates it.
+    events = [{"event": "checkpoint", "step": s, "payload": {"path": "/out/ckpt.pt"}} for s in (1000, 1500, 2300)]
+    rb = analyze(rows, events_table(events)).rollback
+    assert rb.checkpoint_step is None and rb.checkpoint_missing
