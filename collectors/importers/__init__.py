@@ -21,7 +21,7 @@ FORMATS: dict[str, str] = {
     "wandb": "wandb",
     "jsonl": "jsonl",
     "metaseq": "metaseq",
-    "fairseq": "metaseq",
+    "fairseq": "fairseq_text",
     "llmc": "llmc",
     "modded-nanogpt": "modded_nanogpt",
     "nanogpt": "nanogpt",

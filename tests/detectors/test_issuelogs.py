@@ -10,7 +10,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "issuelogs"
 
@@ -48,8 +47,6 @@ def test_megatron_deepspeed_396_grad_norm_nan(tmp_path: Path) -> None:
     assert {f["kind"] for f in report["findings"]} == {"nan"}
 
 
-@pytest.mark.xfail(strict=True, reason="fairseq 'simple' log format (| epoch N | key value | and 'overflow detected, "
-                                       "setting loss scale to' lines) has no importer yet; metaseq reads --log-format json")
 def test_fairseq_512_loss_scale_collapse(tmp_path: Path) -> None:
     report = _check(tmp_path, "fairseq_512_min_loss_scale.log")
     assert "scaler_collapse" in {f["kind"] for f in report["findings"]}
