@@ -33,9 +33,10 @@ naming file and line (or is skipped with ``--skip-bad-lines``).
 
 from __future__ import annotations
 
+import calendar
 import re
 from collections.abc import Sequence
-from datetime import datetime, timezone
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -61,8 +62,8 @@ _OVERFLOW_TEXT = r"overflow detected, (?:ignoring gradient, )?setting loss scale
 _OVERFLOW = re.compile(_OVERFLOW_TEXT + rf"(?P<scale>{NUMBER_RE})")
 _SAVED = re.compile(r"[Ss]aved checkpoint (\S+) \(epoch (\d+) @ (\d+) updates.*?(?:writing took ([0-9.]+) seconds)?\)?\s*$")
 _LOADED = re.compile(r"[Ll]oaded checkpoint (\S+) \(epoch (\d+) @ (\d+) updates\)")
-_SNIFF = re.compile(r"(?m)" + _EPOCH + r"(?::\s+\d+ / \d+ \w+=| \| (?:valid on '|\w+ ))"
-                    r"|^\| WARNING: overflow detected, setting loss scale to: "
+_PROGRESS = r"(?m)" + _EPOCH + r"(?::\s+\d+ / \d+ \w+=| \| (?:valid on '|\w+ ))"
+_SNIFF = re.compile(_PROGRESS + r"|^\| WARNING: overflow detected, setting loss scale to: "
                     r"|\| fairseq\.trainer \| NOTE: (?:gradient )?overflow detected, ")
 NAMES = {"loss": "loss", "gnorm": "grad_norm", "loss_scale": "loss_scale", "lr": "lr"}
 EXPECTED = ("a fairseq progress line ('| epoch N:  I / M key=value, ...', '| epoch N | key value | ...') "
@@ -75,7 +76,17 @@ def sniff(head: str) -> bool:
 
 
 def _timestamp(ts: str | None) -> float | None:
-    return datetime.strptime(ts, "%Y-%m-%d %H:%M:%S").replace(tzinfo=timezone.utc).timestamp() if ts else None
+    """Unix seconds of a ``YYYY-MM-DD HH:MM:SS`` prefix (UTC); an impossible date is no time, not a bad line."""
+    if not ts:
+        return None
+    y, mo, d, h, mi, sec = int(ts[0:4]), int(ts[5:7]), int(ts[8:10]), int(ts[11:13]), int(ts[14:16]), int(ts[17:19])
+    if not (y >= 1 and 1 <= mo <= 12 and 1 <= d <= calendar.monthrange(y, mo)[1] and h < 24 and mi < 60 and sec < 62):
+        return None
+    return float(calendar.timegm((y, mo, d, h, mi, sec)))  # strptime costs several times more per line
+
+
+_NUMBER = re.compile(NUMBER_RE)
+_name = lru_cache(maxsize=4096)(sanitize_name)  # a log repeats a handful of keys on every line
 
 
 def _fields(body: str, commas: bool) -> dict[str, float]:
@@ -84,7 +95,7 @@ def _fields(body: str, commas: bool) -> dict[str, float]:
     for part in body.split(", " if commas else " | "):
         key, sep, value = part.strip().partition("=" if commas else " ")
         value = value.strip().removesuffix("%")
-        if not sep or not key or not re.fullmatch(NUMBER_RE, value):
+        if not sep or not key or not _NUMBER.fullmatch(value):
             raise ValueError(f"expected 'key{'=' if commas else ' '}number', got {part.strip()[:80]!r}")
         out[key] = float(value)
     return out
@@ -94,19 +105,19 @@ def _row(m: re.Match, kind: str, summaries_main: bool) -> dict:
     """The metric row of one progress line; ``kind`` is inner, valid or summary."""
     values = _fields(m["body"], commas=kind == "inner")
     step = values.pop("num_updates", None)
-    if step is None or step != int(step) or step < 0:
+    if step is None or not 0 <= step <= 2**62 or step != int(step):  # NaN fails the range test
         raise ValueError(f"expected a non-negative integer 'num_updates', got {step!r}")
     row: dict = {"step": int(step)}
     if kind == "valid":
         prefix = "val_" if m["subset"] == "valid" else sanitize_name(m["subset"]) + "_"
         for key, v in values.items():
             name = key[len("valid_"):] if key.startswith("valid_") else key
-            row[sanitize_name(name, prefix)] = v
+            row[_name(name, prefix)] = v
         return row
     main = kind == "inner" or summaries_main
     row["time"] = _timestamp(m["ts"]) if main else None
     for key, v in values.items():
-        row[(NAMES.get(key) or sanitize_name(key)) if main else sanitize_name(key, "epoch_")] = v
+        row[(NAMES.get(key) or _name(key)) if main else _name(key, "epoch_")] = v
     if main:  # only on the main row: the valid/summary rows of its step would clash and not fold in
         row["epoch"] = float(m["epoch"])
     return row
@@ -148,7 +159,7 @@ class _Rows:
 
 
 def _text_lines(path: Path) -> tuple[list[int], list[str]]:
-    lines, raw = read_text(path)
+    lines = read_text(path)[0]
     pattern = f"{_CLAIM}|{_OVERFLOW_TEXT}|[Ss]aved checkpoint |[Ll]oaded checkpoint "
     idx = np.flatnonzero(matches(lines, pattern))
     return idx.tolist(), lines.take(pa.array(idx, pa.int64())).to_pylist()
@@ -204,7 +215,8 @@ def parse_file(path: Path, skip_bad_lines: bool) -> ParsedLog:
     """One file: ``--log-format json`` goes to the metaseq parser, anything else is read as text."""
     with open(path, "rb") as f:
         head = f.read(256 * 1024).decode("utf-8", errors="replace")
-    if metaseq.sniff(head) and not sniff(head):
+    # JSON runs print the trainer's overflow NOTEs as text too: only text progress lines make it a text log.
+    if metaseq.sniff(head) and not re.search(_PROGRESS, head):
         return metaseq.parse_file(path, skip_bad_lines)
     return parse_text(path, skip_bad_lines)
 

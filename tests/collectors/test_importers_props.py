@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from runwatch.collectors.importers import (
-    csv_log, deepspeed, hf_trainer, jsonl, llmc, megatron, megatron_golden, metaseq, modded_nanogpt, nanogpt,
-    tensorboard, wandb,
+    csv_log, deepspeed, fairseq_text, hf_trainer, jsonl, llmc, megatron, megatron_golden, metaseq, modded_nanogpt,
+    nanogpt, tensorboard, wandb,
 )
 
 # Fragments of real lines, so generated text reaches deep into each parser, mixed with junk.
@@ -26,9 +26,12 @@ FRAGMENTS = [
     "iter ", ": loss ", ", time ", "ms, mfu ", "%", "step 3: train loss ", ", val loss ", "saving checkpoint to out",
     "{'loss': ", "{'eval_loss': ", "'grad_norm': ", "tensor(", "'", "{'train_runtime': ", '"log_history": [',
     " samples/sec: ", "approx flops per GPU: ", "TFLOPS", "lm_loss: ", "validation results at iteration ",
+    "| epoch 001", ":    100 / 377 ", "loss=", ", num_updates=", " | num_updates ", " | valid on 'valid' subset",
+    "| WARNING: overflow detected, setting loss scale to: ", "2020-10-01 12:00:00 | INFO | train_inner | ", "\r",
+    "Saved checkpoint c.pt (epoch 1 @ 5 updates)", "Loaded checkpoint c.pt (epoch 1 @ 5 updates)", "0%",
 ]
-MODULES = [llmc, modded_nanogpt, nanogpt, hf_trainer, megatron, megatron_golden, deepspeed, metaseq, csv_log, wandb,
-           tensorboard, jsonl]
+MODULES = [llmc, modded_nanogpt, nanogpt, hf_trainer, megatron, megatron_golden, deepspeed, metaseq, fairseq_text,
+           csv_log, wandb, tensorboard, jsonl]
 
 
 @pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__.rsplit(".", 1)[-1])
