@@ -1,4 +1,4 @@
-"""fairseq plain-text stdout (``simple``/``tqdm``/``none`` progress), old (<= 0.6) and new (>= 0.9, hydra).
+"""fairseq plain-text stdout (``simple``/``tqdm`` progress, ``--no-progress-bar``), old (<= 0.6) and new (>= 0.9).
 
 ``runwatch import fairseq`` reads these and also ``--log-format json`` files
 (handed to ``metaseq``, whose sniffer runs first, so neither steals the
@@ -16,8 +16,9 @@ with ``| ``):
 * end of epoch ``epoch 001 | loss 9.1 | ... | num_updates 1000`` (the
   ``train`` logger): an average over the epoch, so in a file with train_inner
   lines it becomes ``epoch_<name>`` extras folded into the row of that step (as
-  the metaseq importer does); in a file without any (tqdm/none logs print only
-  these) its values fill the main columns, or the run would have no loss.
+  the metaseq importer does); in a file without any (tqdm logs print only
+  these; the bar is ``\r`` noise) its values fill the main columns, or the run
+  would have no loss. (``--log-format none`` prints no progress at all.)
 * ``overflow detected, setting loss scale to: S`` (old ``| WARNING:``, new
   ``NOTE: [gradient] overflow detected, [ignoring gradient, ]``): no step is
   printed and fairseq does not count a skipped update, so a burst of them is ONE
