@@ -17,7 +17,7 @@ with ``| ``):
   ``train`` logger): an average over the epoch, so in a file with train_inner
   lines it becomes ``epoch_<name>`` extras folded into the row of that step (as
   the metaseq importer does); in a file without any (tqdm logs print only
-  these; the bar is ``\r`` noise) its values fill the main columns, or the run
+  these; the bar, redrawn after carriage returns, is noise) its values fill the main columns, or the run
   would have no loss. (``--log-format none`` prints no progress at all.)
 * ``overflow detected, setting loss scale to: S`` (old ``| WARNING:``, new
   ``NOTE: [gradient] overflow detected, [ignoring gradient, ]``): no step is
