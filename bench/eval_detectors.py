@@ -3,6 +3,7 @@
     .venv/bin/python bench/eval_detectors.py            # generate (cached) + score
     .venv/bin/python bench/eval_detectors.py --regenerate
     .venv/bin/python bench/eval_detectors.py --realruns  # the real-log table only
+    .venv/bin/python bench/eval_detectors.py --set heldout  # the held-out set (bench/evalruns/heldout.py)
 
 The labelled runs (real tiny CPU training with injected faults, see
 bench/evalruns/) are cached under bench/results/<VERSION>/. Each run is read
@@ -146,7 +147,7 @@ def _score_rollback(run: str, run_info: dict, report: object, rollback: dict) ->
             rollback["spurious"].append(f"{run} (advised checkpoint {got}, no action needed)")
 
 
-def render(result: dict, info: dict) -> str:
+def render(result: dict, info: dict, version: str = VERSION) -> str:
     rb = result["rollback"]
     rows = []
     for kind in KINDS:
@@ -155,7 +156,7 @@ def render(result: dict, info: dict) -> str:
         rows.append(("runwatch", kind, sc, rb_cell))
     for name, scores in result["family"].items():
         rows.append((name, "loss_excursion (spike+divergence)", scores.get("loss_excursion", KindScore()), ""))
-    lines = [f"## Detector evaluation ({VERSION}: {info['num_runs']} runs, {info['num_rows']} steps of real CPU training)",
+    lines = [f"## Detector evaluation ({version}: {info['num_runs']} runs, {info['num_rows']} steps of real CPU training)",
              "", table(rows), "",
              f"Rollback advice: right checkpoint on {rb['right']}/{rb['needed']} runs that need action; "
              f"advice given on {len(rb['spurious'])}/{rb['not_needed']} runs that need none.",
@@ -179,6 +180,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--regenerate", action="store_true", help="drop the cached labelled runs and train them again")
     parser.add_argument("--realruns", action="store_true",
                         help="import and check the real logs in ../shared/realruns and print that table only")
+    parser.add_argument("--set", choices=("dev", "heldout"), default="dev",
+                        help="dev: the set the detectors were tuned on; heldout: other seeds, widths, schedules, "
+                             "log intervals and fault magnitudes (saved to eval_detectors-heldout.md)")
     args = parser.parse_args(argv)
     if args.realruns:
         import tempfile
@@ -191,9 +195,15 @@ def main(argv: list[str] | None = None) -> int:
         (RESULTS / "realruns.md").write_text(text)
         print(text)
         return 0
+    if args.set == "heldout":
+        from evalruns.heldout import VERSION as version
+        from evalruns.heldout import load_or_generate_heldout as loader
+        out_name = "eval_detectors-heldout.md"
+    else:
+        version, loader, out_name = VERSION, load_or_generate, "eval_detectors.md"
     if args.regenerate:
-        shutil.rmtree(RESULTS / VERSION, ignore_errors=True)
-    root, info = load_or_generate(RESULTS)
+        shutil.rmtree(RESULTS / version, ignore_errors=True)
+    root, info = loader(RESULTS)
     try:
         from runwatch.detectors.analysis import analyze
     except ImportError as err:  # the detectors land in parallel; score the baselines meanwhile
@@ -201,8 +211,8 @@ def main(argv: list[str] | None = None) -> int:
         analyze = None
     with Store(root) as store:
         result = evaluate(store, info, analyze)
-    text = render(result, info)
-    (RESULTS / "eval_detectors.md").write_text(text)
+    text = render(result, info, version)
+    (RESULTS / out_name).write_text(text)
     print(text)
     return 0
 

@@ -1,0 +1,354 @@
+"""Labelled runs, held-out set: the same real training, varying what the dev set held fixed.
+
+The detectors were tuned on ``scenarios.scenarios()``. This set checks for
+overfitting with the same machinery (training.py's loop and fault injection,
+generate.py's store path, scoring.py's matching) but other draws of what the
+dev set kept fixed: seeds; model width (embedding and hidden size) and batch
+size; logging every step or only every 5 / 10 / 25 steps (rows subsampled the
+way a real log interval drops them); LR schedules the dev set never used
+(warm-up + constant, linear decay, cosine with restarts, multi-step decay) and
+warm-up lengths; mild to severe fault magnitudes, early and late positions;
+longer runs; a rollback followed by a later fault; clean runs with tiny
+(heavy-tailed) batches and fp16 scalers that back off often.
+
+Extra knobs ride on ``HeldoutSpec`` (a ``RunSpec`` subclass). ``train_heldout``
+runs training.train with the model width and schedule swapped in for the
+duration of the call (training.py reads both as module globals), then
+subsamples the rows and moves each label to the logged steps that can show it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from runwatch.collectors.importers.base import ParsedLog, write_import
+
+from . import training
+from .scenarios import Label, LabelledRun, _fault_step, _last_ckpt_before
+from .training import Fault, Resume, RunSpec
+
+VERSION = "labelled-heldout-v1"
+HELDOUT_SEED = 2027  # any seed but the dev set's 0
+
+
+@dataclass(frozen=True)
+class HeldoutSpec(RunSpec):
+    embed: int = 16
+    hidden: int = 64
+    warmup: int = 0
+    sched: str = "const"  # const | linear | cosine_restarts | multistep (training.py's schedule stays "const")
+    log_every: int = 1
+
+
+def schedule_factor(spec: HeldoutSpec, step: int) -> float:
+    """The LR multiplier of the held-out schedules, warm-up included."""
+    w, n = spec.warmup, spec.num_steps
+    if step < w:
+        return (step + 1) / w
+    t = step - w
+    span = max(n - w, 1)
+    if spec.sched == "linear":
+        return max(1.0 - 0.95 * t / span, 0.05)
+    if spec.sched == "cosine_restarts":
+        period = max(span // 3, 1)
+        return 0.05 + 0.475 * (1 + math.cos(math.pi * (t % period) / period))
+    if spec.sched == "multistep":
+        return 0.3 ** sum(step >= int(n * f) for f in (0.4, 0.75))
+    return 1.0
+
+
+@contextmanager
+def _patched(spec: HeldoutSpec) -> Iterator[None]:
+    """Swap training.py's model width and LR function in for one run (restored afterwards)."""
+    saved = training.EMBED, training.HIDDEN, training._lr
+    base_lr = saved[2]
+
+    def lr(s: RunSpec, st: training._State) -> float:
+        return base_lr(s, st) * schedule_factor(spec, st.step)
+
+    training.EMBED, training.HIDDEN, training._lr = spec.embed, spec.hidden, lr
+    try:
+        yield
+    finally:
+        training.EMBED, training.HIDDEN, training._lr = saved
+
+
+def subsample(rows: list[dict], events: list[dict], every: int) -> tuple[list[dict], list[dict]]:
+    """Keep the rows a log written every ``every`` steps holds (and the final row); remap event row indices."""
+    if every <= 1:
+        return rows, events
+    keep = [i for i, r in enumerate(rows) if r["step"] % every == 0 or i == len(rows) - 1]
+    new_index = np.searchsorted(np.array(keep), np.arange(len(rows) + 1))
+    out_events = [{**ev, "row_index": int(new_index[ev["row_index"]])} for ev in events]
+    return [rows[i] for i in keep], out_events
+
+
+def train_heldout(spec: RunSpec) -> tuple[list[dict], list[dict]]:
+    """training.train with the held-out knobs applied; a plain RunSpec trains as usual."""
+    if not isinstance(spec, HeldoutSpec):
+        return training.train(spec)
+    with _patched(spec):
+        rows, events = training.train(spec)
+    return subsample(rows, events, spec.log_every)
+
+
+def _segment_steps(spec: HeldoutSpec, segment: int) -> np.ndarray:
+    """Steps segment ``segment`` logs (the same rule ``subsample`` applies)."""
+    if segment == 0:
+        last = spec.resume.at_step if spec.resume else spec.num_steps - 1
+        steps = np.arange(0, last + 1)
+    else:
+        steps = np.arange(spec.resume.from_ckpt + 1, spec.num_steps)
+    final = steps[-1] if segment == (1 if spec.resume else 0) else -1
+    return steps[(steps % spec.log_every == 0) | (steps == final)]
+
+
+def visible_label(spec: HeldoutSpec, lab: Label) -> Label | None:
+    """Move a label to the logged steps that show it; None when no logged row can show it."""
+    steps = _segment_steps(spec, lab.segment)
+    inside = steps[(steps >= lab.onset) & (steps <= lab.end)]
+    if lab.kind == "stall":
+        # The pause lies somewhere in the interval between two logged rows: it starts at the earlier one
+        # (the dev set's convention: a stall at step s is the interval (s - 1, s]).
+        before, after = steps[steps < lab.onset], steps[steps >= lab.onset]
+        if not len(after):
+            return None
+        onset = int(before[-1]) if len(before) and spec.log_every > 1 else lab.onset
+        return replace(lab, onset=onset, end=int(after[0]))
+    if lab.subtype.startswith("lr_burst") and len(inside):
+        # The burst LR shows in the lr column at once, in the loss only at the next logged row.
+        later = steps[steps > lab.end]
+        return replace(lab, onset=int(inside[0]), end=int(later[0]) if len(later) else int(inside[-1]))
+    if lab.kind in ("slowdown", "divergence", "nan", "scaler_collapse"):
+        # A gap, a slower pace, a lasting loss/scale change or a NaN shows at the next logged row.
+        after = steps[steps >= lab.onset]
+        if not len(after):
+            return None
+        onset = int(after[0])
+        return replace(lab, onset=onset, end=max(onset, int(inside[-1]) if len(inside) else onset))
+    if not len(inside):
+        return None  # a spike between two logged rows leaves no trace in the log
+    return replace(lab, onset=int(inside[0]), end=int(inside[-1]))
+
+
+# ---- scenario makers ----------------------------------------------------------------------------
+
+
+def _base(rng: np.random.Generator, run: str, scenario: str, seed: int, **kw: object) -> dict:
+    """Background variety the dev set did not have."""
+    num_steps = int(rng.choice([400, 550, 700, 1000]))
+    base = dict(run=run, scenario=scenario, seed=seed, num_steps=num_steps,
+                batch=int(rng.choice([8, 16, 32, 64, 96])), base_lr=float(rng.choice([1e-3, 2e-3, 3e-3, 5e-3])),
+                ckpt_every=int(rng.choice([25, 50, 100])), step_seconds=float(rng.uniform(0.2, 8.0)),
+                embed=int(rng.choice([8, 16, 32])), hidden=int(rng.choice([32, 64, 128, 192])),
+                sched=str(rng.choice(["const", "linear", "cosine_restarts", "multistep"])),
+                warmup=int(rng.choice([0, 10, 50, 150])), log_every=int(rng.choice([1, 1, 5, 10, 25])))
+    base.update(kw)
+    return base
+
+
+def _aligned_step(rng: np.random.Generator, lo: int, hi: int, b: dict, length: int = 1) -> int:
+    """A fault step away from checkpoints whose window holds at least one logged step."""
+    if b["log_every"] >= b["ckpt_every"]:
+        b["log_every"] = 5  # every logged step is a checkpoint step, which faults keep away from
+    while True:
+        s = _fault_step(rng, lo, hi, b["ckpt_every"])
+        if any(t % b["log_every"] == 0 for t in range(s, s + length)):
+            return s
+
+
+def _position(rng: np.random.Generator, n: int) -> tuple[int, int]:
+    return (60, 160) if rng.random() < 0.35 else (int(n * 0.5), n - 60)
+
+
+def _done(b: dict, labels: list[Label], rollback: int | None = None) -> LabelledRun:
+    spec = HeldoutSpec(**b)
+    vis = [v for v in (visible_label(spec, lab) for lab in labels) if v is not None]
+    return LabelledRun(spec, vis, rollback)
+
+
+def _spike(i: int, rng: np.random.Generator) -> LabelledRun:
+    b = _base(rng, f"h-spike-{i:02d}", "spike", 5100 + i)
+    lo, hi = _position(rng, b["num_steps"])
+    if i % 2 == 0:
+        n = int(rng.integers(1, 4))
+        factor = float(rng.uniform(30, 100)) if n > 1 else float(rng.uniform(80, 150))
+        s = _aligned_step(rng, lo, hi, b, n)
+        fault, sub = Fault("lr_burst", s, n, factor), "lr_burst_severe" if factor * n >= 120 else "lr_burst_mild"
+    else:
+        n = int(rng.integers(1, 6))
+        s = _aligned_step(rng, lo, hi, b, n)
+        fault, sub = Fault("bad_batch", s, n), f"bad_batch_{'long' if n >= 3 else 'short'}"
+    return _done({**b, "faults": (fault,)}, [Label("spike", sub, s, s + n - 1)])
+
+
+def _divergence(i: int, rng: np.random.Generator) -> LabelledRun:
+    b = _base(rng, f"h-divergence-{i:02d}", "divergence", 5200 + i)
+    lo, hi = _position(rng, b["num_steps"])
+    sub = ("lr_jump", "lr_grow", "lr_ramp_act_growth")[i % 3]
+    s = _fault_step(rng, lo, hi, b["ckpt_every"])
+    if sub == "lr_jump":
+        f = float(rng.uniform(15, 80))
+        faults, sub = (Fault("lr_jump", s, 10_000, f),), "lr_jump_mild" if f < 30 else "lr_jump_severe"
+    elif sub == "lr_grow":
+        faults = (Fault("lr_grow", s, 10_000, float(rng.uniform(1.03, 1.15))),)
+    else:
+        faults = (Fault("lr_ramp", s, 10_000, float(rng.uniform(1.004, 1.008))),
+                  Fault("weight_growth", s, 10_000, float(rng.uniform(1.008, 1.015))))
+        b["num_steps"] = max(b["num_steps"], s + 330)
+    b["faults"] = faults
+    label = Label("divergence", sub, s, b["num_steps"] - 1, needs_action=True)
+    return _done(b, [label], _last_ckpt_before(s, b["ckpt_every"]))
+
+
+def _collapse(i: int, rng: np.random.Generator) -> LabelledRun:
+    b = _base(rng, f"h-scaler-collapse-{i:02d}", "scaler_collapse", 5300 + i, fp16=True,
+              growth_interval=int(rng.choice([20, 50, 200])))
+    lo, hi = _position(rng, b["num_steps"])
+    s = _fault_step(rng, lo, hi, b["ckpt_every"])
+    every = 1 if i % 3 else 2
+    n = max(int(rng.integers(8, 30)), 2 * b["log_every"]) * every
+    normal = tuple(sorted({int(x) for x in rng.integers(30, lo, size=3)}))
+    b.update(normal_overflows=normal, faults=(Fault("overflow", s, n, every=every),))
+    label = Label("scaler_collapse", "consecutive" if every == 1 else "every_other", s, s + n - 1, needs_action=True)
+    return _done(b, [label], _last_ckpt_before(s, b["ckpt_every"]))
+
+
+def _nan(i: int, rng: np.random.Generator) -> LabelledRun:
+    b = _base(rng, f"h-nan-{i:02d}", "nan", 5400 + i)
+    lo, hi = _position(rng, b["num_steps"])
+    s = _fault_step(rng, lo, hi, b["ckpt_every"])
+    sub = "nan_weight" if i % 2 == 0 else "nan_grad"
+    b.update(num_steps=s + int(rng.integers(3, 60)), faults=(Fault(sub, s, 1),))
+    label = Label("nan", sub, s, b["num_steps"] - 1, needs_action=True)
+    return _done(b, [label], _last_ckpt_before(s, b["ckpt_every"]))
+
+
+def _stall(i: int, rng: np.random.Generator) -> LabelledRun:
+    b = _base(rng, f"h-stall-{i:02d}", "stall", 5500 + i, fp16=bool(i % 3 == 0))
+    lo, hi = _position(rng, b["num_steps"])
+    s = _fault_step(rng, lo, hi, b["ckpt_every"])
+    gap = float(rng.uniform(20, 400))
+    b["faults"] = (Fault("stall", s, 1, gap),)
+    return _done(b, [Label("stall", "gap_short" if gap < 60 else "gap_long", s, s)])
+
+
+def _slowdown(i: int, rng: np.random.Generator) -> LabelledRun:
+    b = _base(rng, f"h-slowdown-{i:02d}", "slowdown", 5600 + i)
+    lo, hi = _position(rng, b["num_steps"])
+    s = _fault_step(rng, lo, hi, b["ckpt_every"])
+    n = int(rng.integers(40, 250))
+    f = float(rng.uniform(1.5, 5.0))
+    b["faults"] = (Fault("slowdown", s, n, f),)
+    return _done(b, [Label("slowdown", "mild" if f < 2.0 else "strong", s, min(s + n, b["num_steps"]) - 1)])
+
+
+def _rollback(i: int, rng: np.random.Generator) -> LabelledRun:
+    """A rolled-back fault on segment 0, then (every other run) a fresh fault on the resumed segment."""
+    b = _base(rng, f"h-rollback-{i:02d}", "rollback", 5700 + i, num_steps=900)
+    s = _fault_step(rng, 150, 300, b["ckpt_every"])
+    ck = _last_ckpt_before(s, b["ckpt_every"])
+    at = s + int(rng.integers(25, 60))
+    jump = i % 2 == 0
+    kind, sub = ("divergence", "lr_jump") if jump else ("spike", "bad_batch")
+    faults = [Fault("lr_jump", s, 10_000, float(rng.uniform(30, 60))) if jump else Fault("bad_batch", s, 3)]
+    labels = [Label(kind, sub, s, at, segment=0, needs_action=jump, open=False)]
+    rollback = None
+    if i % 4 in (1, 2):  # a later fault after the resume: the run needs a second look
+        t = _fault_step(rng, at + 100, 800, b["ckpt_every"])
+        if i % 4 == 1:
+            faults.append(Fault("lr_jump", t, 10_000, float(rng.uniform(30, 60)), segment=1))
+            labels.append(Label("divergence", "lr_jump_after_resume", t, b["num_steps"] - 1, segment=1,
+                                needs_action=True))
+            rollback = _last_ckpt_before(t, b["ckpt_every"])
+        else:
+            t = _aligned_step(rng, at + 100, 800, b, 2)
+            faults.append(Fault("lr_burst", t, 2, float(rng.uniform(40, 80)), segment=1))
+            labels.append(Label("spike", "lr_burst_after_resume", t, t + 1, segment=1))
+    b.update(faults=tuple(faults), resume=Resume(at, ck, s - ck + 40))
+    return _done(b, labels, rollback)
+
+
+def _clean(i: int, rng: np.random.Generator) -> LabelledRun:
+    sub = ("tiny_batch_heavy_tail", "fp16_frequent_backoffs", "cosine_restarts", "multistep_decay",
+           "long_warmup_linear", "long_run")[i % 6]
+    kw: dict = {}
+    if sub == "tiny_batch_heavy_tail":
+        kw = dict(batch=int(rng.choice([1, 2, 3])), base_lr=float(rng.choice([5e-4, 1e-3, 2e-3])))
+    elif sub == "fp16_frequent_backoffs":
+        n = int(rng.choice([500, 800]))
+        every = rng.integers(8, 45, size=n // 8).cumsum()
+        kw = dict(fp16=True, num_steps=n, normal_overflows=tuple(int(x) for x in every if x < n),
+                  growth_interval=int(rng.choice([10, 20, 30])), startup_overflows=int(rng.integers(0, 10)))
+    elif sub == "cosine_restarts":
+        kw = dict(sched="cosine_restarts")
+    elif sub == "multistep_decay":
+        kw = dict(sched="multistep")
+    elif sub == "long_warmup_linear":
+        kw = dict(sched="linear", warmup=int(rng.choice([150, 300])))
+    else:
+        kw = dict(num_steps=1800, batch=16, hidden=32)
+    b = _base(rng, f"h-clean-{i:02d}", f"clean:{sub}", 5800 + i, **kw)
+    return _done(b, [])
+
+
+MAKERS = {"spike": _spike, "divergence": _divergence, "scaler_collapse": _collapse, "nan": _nan,
+          "stall": _stall, "slowdown": _slowdown, "rollback": _rollback, "clean": _clean}
+COUNTS = {"spike": 20, "divergence": 18, "scaler_collapse": 12, "nan": 10, "stall": 10, "slowdown": 10,
+          "rollback": 8, "clean": 18}
+
+
+def heldout_scenarios(counts: dict[str, int] | None = None, seed: int = HELDOUT_SEED) -> list[LabelledRun]:
+    """The held-out set: ``counts[name]`` runs of each scenario."""
+    out = []
+    for name, n in (counts or COUNTS).items():
+        rng = np.random.default_rng([seed, list(MAKERS).index(name)])
+        out.extend(MAKERS[name](i, rng) for i in range(n))
+    return out
+
+
+def generate_heldout(out_dir: Path, runs: list[LabelledRun] | None = None, *, verbose: bool = False) -> dict:
+    """Train and write the held-out runs under ``out_dir`` (root = out_dir/'store') plus ``labels.json``."""
+    torch.set_num_threads(1)
+    runs = heldout_scenarios() if runs is None else runs
+    root = out_dir / "store"
+    root.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    num_rows = 0
+    for k, lr in enumerate(runs):
+        rows, events = train_heldout(lr.spec)
+        write_import(root, lr.spec.run, ParsedLog.from_rows(rows, events=events), replace=True,
+                     meta={"source": "bench/evalruns/heldout", "scenario": lr.spec.scenario, "labels_version": VERSION})
+        num_rows += len(rows)
+        if verbose and (k + 1) % 10 == 0:
+            print(f"  generated {k + 1}/{len(runs)} runs, {time.perf_counter() - t0:.0f}s", flush=True)
+    info = {"version": VERSION, "num_runs": len(runs), "num_rows": num_rows,
+            "seconds": round(time.perf_counter() - t0, 1),
+            "runs": [{**lr.to_dict(), "knobs": _knobs(lr.spec)} for lr in runs]}
+    (out_dir / "labels.json").write_text(json.dumps(info, indent=1))
+    return info
+
+
+def _knobs(spec: RunSpec) -> dict:
+    keys = ("embed", "hidden", "batch", "base_lr", "sched", "warmup", "log_every", "num_steps", "ckpt_every", "fp16")
+    return {k: getattr(spec, k) for k in keys if hasattr(spec, k)}
+
+
+def load_or_generate_heldout(results_dir: Path, *, verbose: bool = True) -> tuple[Path, dict]:
+    """The cached held-out set for ``VERSION``, generating it on first use."""
+    out_dir = results_dir / VERSION
+    labels = out_dir / "labels.json"
+    if labels.exists():
+        return out_dir / "store", json.loads(labels.read_text())
+    if verbose:
+        print(f"generating held-out labelled runs into {out_dir} (real CPU training, one thread)...", flush=True)
+    return out_dir / "store", generate_heldout(out_dir, verbose=verbose)
