@@ -29,7 +29,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
 from runwatch.collectors.importers.base import ParsedLog, write_import
 
 from . import training
@@ -146,12 +145,12 @@ def visible_label(spec: HeldoutSpec, lab: Label) -> Label | None:
 def _base(rng: np.random.Generator, run: str, scenario: str, seed: int, **kw: object) -> dict:
     """Background variety the dev set did not have."""
     num_steps = int(rng.choice([400, 550, 700, 1000]))
-    base = dict(run=run, scenario=scenario, seed=seed, num_steps=num_steps,
-                batch=int(rng.choice([8, 16, 32, 64, 96])), base_lr=float(rng.choice([1e-3, 2e-3, 3e-3, 5e-3])),
-                ckpt_every=int(rng.choice([25, 50, 100])), step_seconds=float(rng.uniform(0.2, 8.0)),
-                embed=int(rng.choice([8, 16, 32])), hidden=int(rng.choice([32, 64, 128, 192])),
-                sched=str(rng.choice(["const", "linear", "cosine_restarts", "multistep"])),
-                warmup=int(rng.choice([0, 10, 50, 150])), log_every=int(rng.choice([1, 1, 5, 10, 25])))
+    base = {"run": run, "scenario": scenario, "seed": seed, "num_steps": num_steps,
+                "batch": int(rng.choice([8, 16, 32, 64, 96])), "base_lr": float(rng.choice([1e-3, 2e-3, 3e-3, 5e-3])),
+                "ckpt_every": int(rng.choice([25, 50, 100])), "step_seconds": float(rng.uniform(0.2, 8.0)),
+                "embed": int(rng.choice([8, 16, 32])), "hidden": int(rng.choice([32, 64, 128, 192])),
+                "sched": str(rng.choice(["const", "linear", "cosine_restarts", "multistep"])),
+                "warmup": int(rng.choice([0, 10, 50, 150])), "log_every": int(rng.choice([1, 1, 5, 10, 25]))}
     base.update(kw)
     return base
 
@@ -283,20 +282,20 @@ def _clean(i: int, rng: np.random.Generator) -> LabelledRun:
            "long_warmup_linear", "long_run")[i % 6]
     kw: dict = {}
     if sub == "tiny_batch_heavy_tail":
-        kw = dict(batch=int(rng.choice([1, 2, 3])), base_lr=float(rng.choice([5e-4, 1e-3, 2e-3])))
+        kw = {"batch": int(rng.choice([1, 2, 3])), "base_lr": float(rng.choice([5e-4, 1e-3, 2e-3]))}
     elif sub == "fp16_frequent_backoffs":
         n = int(rng.choice([500, 800]))
         every = rng.integers(8, 45, size=n // 8).cumsum()
-        kw = dict(fp16=True, num_steps=n, normal_overflows=tuple(int(x) for x in every if x < n),
-                  growth_interval=int(rng.choice([10, 20, 30])), startup_overflows=int(rng.integers(0, 10)))
+        kw = {"fp16": True, "num_steps": n, "normal_overflows": tuple(int(x) for x in every if x < n),
+                  "growth_interval": int(rng.choice([10, 20, 30])), "startup_overflows": int(rng.integers(0, 10))}
     elif sub == "cosine_restarts":
-        kw = dict(sched="cosine_restarts")
+        kw = {"sched": "cosine_restarts"}
     elif sub == "multistep_decay":
-        kw = dict(sched="multistep")
+        kw = {"sched": "multistep"}
     elif sub == "long_warmup_linear":
-        kw = dict(sched="linear", warmup=int(rng.choice([150, 300])))
+        kw = {"sched": "linear", "warmup": int(rng.choice([150, 300]))}
     else:
-        kw = dict(num_steps=1800, batch=16, hidden=32)
+        kw = {"num_steps": 1800, "batch": 16, "hidden": 32}
     b = _base(rng, f"h-clean-{i:02d}", f"clean:{sub}", 5800 + i, **kw)
     return _done(b, [])
 
