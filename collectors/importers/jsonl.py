@@ -41,6 +41,8 @@ def _as_int(v: object, name: str, minimum: int | None = None) -> int:
     if not isinstance(v, int) or isinstance(v, bool) or (minimum is not None and v < minimum):
         bound = f" >= {minimum}" if minimum is not None else ""
         raise ValueError(f"'{name}' must be an integer{bound}, got {v!r}")
+    if not -(2**63) <= v < 2**63:  # the store keeps 64-bit integers
+        raise ValueError(f"'{name}' must fit in 64 bits, got {v!r}")
     return v
 
 

@@ -81,6 +81,7 @@ def test_explicit_segment_and_rank_are_kept(tmp_path):
     ('[1, 2]', "expected a JSON object"),
     ('{"step": 1.5}', "'step' must be an integer"),
     ('{"step": 1, "tokens": -3}', "'tokens' must be an integer >= 0"),
+    ('{"step": 1E20}', "'step' must fit in 64 bits"),
     ('{"event": "boom", "step": 1}', "'event' must be one of"),
     ('{"event": "checkpoint"}', "needs a 'step'"),
     ('{"step": 1, "found_inf": "yes"}', "'found_inf' must be"),
