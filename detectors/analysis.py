@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -51,11 +52,14 @@ class Report:
 
 
 def checkpoint_seconds(checkpoints: list[dict]) -> dict[int, float]:
-    """Write time of each checkpoint by step: wall time a stall detector must allow for."""
+    """Write time of each checkpoint by step: wall time a stall detector must allow for (NaN: not logged)."""
     out: dict[int, float] = {}
     for c in checkpoints:
         if isinstance(c.get("write_seconds"), (int, float)):
-            out[c["step"]] = out.get(c["step"], 0.0) + float(c["write_seconds"])
+            out[c["step"]] = (0.0 if math.isnan(out.get(c["step"], 0.0)) else out.get(c["step"], 0.0)) \
+                + float(c["write_seconds"])
+        else:
+            out.setdefault(c["step"], math.nan)
     return out
 
 

@@ -19,7 +19,7 @@ from runwatch.detectors.nan import NanScanner, nonfinite_masks
 from runwatch.detectors.scaler_collapse import ScalerScanner
 from runwatch.detectors.series import Grow
 from runwatch.detectors.spike import SpikeScanner
-from runwatch.detectors.stall import SlowdownScanner, StallScanner
+from runwatch.detectors.stall import SlowdownScanner, StallScanner, drop_slowdown_stalls
 
 _SUBSERIES: dict[str, tuple[str, ...]] = {
     "loss": ("step", "loss", "grad_norm", "act_norm", "lr"),
@@ -35,7 +35,11 @@ class SegmentDetectors:
     def __init__(self, segment: int, checkpoint_seconds: dict[int, float] | None = None) -> None:
         self.segment = segment
         self.pos = 0
-        ckpt = sorted((checkpoint_seconds or {}).items())
+        ckpt = sorted((k, v) for k, v in (checkpoint_seconds or {}).items() if not np.isnan(v))
+        # Checkpoints of unknown write time (a text log's "saving checkpoint"): the interval around one may
+        # hold a save and an eval of any length, so the stall rule falls back to the whole-interval ratio there.
+        self._unknown_ckpt = np.array(sorted(k for k, v in (checkpoint_seconds or {}).items() if np.isnan(v)),
+                                      dtype=np.int64)
         self._ckpt_steps = np.array([k for k, _ in ckpt], dtype=np.int64)
         self._ckpt_cum = np.concatenate([[0.0], np.cumsum([v for _, v in ckpt])])
         self.buf = {name: {col: Grow(np.int64 if col == "step" else np.float64) for col in cols}
@@ -106,7 +110,11 @@ class SegmentDetectors:
         prev = np.concatenate([[tb.view[-1] if tb.size else np.iinfo(np.int64).min], steps[:-1]])
         lo = np.searchsorted(self._ckpt_steps, prev, side="left")
         hi = np.searchsorted(self._ckpt_steps, steps, side="left")
-        return self._ckpt_cum[hi] - self._ckpt_cum[lo]
+        known = self._ckpt_cum[hi] - self._ckpt_cum[lo]
+        # Unknown write time inside [previous row, this row] (either end: logs differ on which side a save falls).
+        unknown = (np.searchsorted(self._unknown_ckpt, steps, side="right")
+                   > np.searchsorted(self._unknown_ckpt, prev, side="left"))
+        return np.where(unknown, np.nan, known)
 
     def _derived_step_time(self, has_time: np.ndarray, skipped: np.ndarray) -> None:
         """No logged step time: derive it from the wall time between observations."""
@@ -134,6 +142,7 @@ class SegmentDetectors:
                                         loss["act_norm"].view, loss["lr"].view)
         out += self.scaler.findings(b["scale"]["step"].view, b["scale"]["loss_scale"].view)
         out += self.nan.findings(self.all_steps.view, self.last_finite_loss)
-        out += self.stall.findings(b["time"]["step"].view, b["time"]["time"].view)
-        out += self.slowdown.findings(b["step_time"]["step"].view, b["step_time"]["step_time"].view)
+        slowdowns = self.slowdown.findings(b["step_time"]["step"].view, b["step_time"]["step_time"].view)
+        out += drop_slowdown_stalls(self.stall.findings(b["time"]["step"].view, b["time"]["time"].view), slowdowns)
+        out += slowdowns
         return out

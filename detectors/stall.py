@@ -1,9 +1,14 @@
 """Stalls and slowdowns: wall time that falls outside the run's own step-time distribution.
 
 ``stall``: one interval between logged observations took far longer than the
-trailing per-step time predicts (``STALL_RATIO`` times, and at least
-``MIN_STALL_S`` seconds more; a checkpoint write inside the interval is
-allowed for). Live, with ``now``: no new observation for ``STALL_RATIO`` times
+trailing per-step time predicts: its EXCESS over ``k`` expected steps (``k`` =
+steps between the two rows) is worth more than ``STALL_RATIO - 1`` steps and
+``MIN_STALL_S`` seconds (a checkpoint write inside the interval is allowed
+for). Per step, not per interval: a pause of G steps' time inside a k-step
+interval raises the interval only by G/k, so an interval ratio would need
+G >= 9k on a log written every k steps; for a per-step log (k = 1) both rules
+are the same. The per-step baseline uses small blocks (``STALL_BLOCK``): a log
+written every 25 steps must not spend its first 800 steps in warm-up. Live, with ``now``: no new observation for ``STALL_RATIO`` times
 the expected wait, and at least ``LIVE_MIN_S`` (collectors flush in bulk, so a
 minute of silence is normal), but not more than ``LIVE_MAX_S`` (an archive).
 
@@ -29,6 +34,10 @@ from runwatch.detectors.series import Grow, TrailingBaseline
 
 STALL_RATIO = 10.0
 MIN_STALL_S = 1.0
+STALL_BLOCK = 4
+"""Observations per baseline block: warm-up is 2 blocks (8 observations), window 16 blocks (64)."""
+Z_STALL = 6.0
+"""The excess must also lie this many interval sigmas out (k times the per-step sigma): coarse logs jitter too."""
 LIVE_MIN_S = 300.0
 LIVE_MAX_S = 3 * 86400.0
 """Silent for more than 3 days: the run ended (or is an archive), it is not 'stalled' any more."""
@@ -61,8 +70,9 @@ class StallScanner:
     def __init__(self, segment: int = 0) -> None:
         self.segment = segment
         self.pos = 0
-        self.base = TrailingBaseline(rel_floor=0.01, abs_floor=1e-9)
+        self.base = TrailingBaseline(rel_floor=0.01, abs_floor=1e-9, block=STALL_BLOCK, num_blocks=16)
         self.hits: list[int] = []
+        self.allowance: list[float] = []  # checkpoint seconds inside each hit's interval
         self.per_step = Grow()
 
     def advance(self, steps: np.ndarray, times: np.ndarray, allowance: np.ndarray) -> None:
@@ -71,12 +81,17 @@ class StallScanner:
             self.pos = max(self.pos, n)
             return
         self.base.update(self._per_step(steps, times, n))
-        base, _ = self.base.at(lo, n)
-        expected = base * (steps[lo:n] - steps[lo - 1:n - 1])
-        gap = times[lo:n] - times[lo - 1:n - 1] - allowance[lo:n]
+        base, scale = self.base.at(lo, n)
+        k = steps[lo:n] - steps[lo - 1:n - 1]
+        allowed = allowance[lo:n]
+        unknown = np.isnan(allowed)  # a checkpoint of unknown write time: only the whole-interval ratio
+        excess = times[lo:n] - times[lo - 1:n - 1] - np.where(unknown, 0.0, allowed) - base * k
         with np.errstate(invalid="ignore"):
-            stalled = (gap > STALL_RATIO * expected) & (gap - expected > MIN_STALL_S)
-        self.hits.extend((lo + np.flatnonzero(stalled)).tolist())
+            stalled = ((excess > (STALL_RATIO - 1) * base) & (excess > MIN_STALL_S)
+                       & (excess > Z_STALL * k * scale) & (~unknown | (excess > (STALL_RATIO - 1) * base * k)))
+        hit = np.flatnonzero(stalled)
+        self.hits.extend((lo + hit).tolist())
+        self.allowance.extend(np.where(unknown, 0.0, allowed)[hit].tolist())
         self.pos = n
 
     def _per_step(self, steps: np.ndarray, times: np.ndarray, n: int) -> np.ndarray:
@@ -90,14 +105,15 @@ class StallScanner:
 
     def findings(self, steps: np.ndarray, times: np.ndarray) -> list[Finding]:
         out = []
-        for i in self.hits:
+        for i, allowed in zip(self.hits, self.allowance):
             gap = float(times[i] - times[i - 1])
             base = float(self.base.at(i, i + 1)[0][0])
             expected = base * int(steps[i] - steps[i - 1])
             out.append(Finding(
                 kind="stall", onset_step=int(steps[i - 1]), end_step=int(steps[i]), peak_step=int(steps[i]),
                 segment=self.segment, severity="warning", self_recovered=True, needs_action=False,
-                evidence={"gap_s": gap, "expected_s": expected, "per_step_s": base},
+                evidence={"gap_s": gap, "expected_s": expected, "per_step_s": base, "allowance_s": allowed,
+                          "num_steps": int(steps[i] - steps[i - 1])},
                 message=f"training stalled for {_duration(gap)} after step {int(steps[i - 1])} "
                         f"(expected {_duration(expected)}); it resumed"))
         return out
@@ -217,6 +233,27 @@ class SlowdownScanner:
                 message=f"steps {rise:.0%} slower from step {int(steps[ep['onset']])} "
                         f"({ep['base']:.3g}s -> {level:.3g}s per step); {state}"))
         return out
+
+
+def drop_slowdown_stalls(stalls: list[Finding], slowdowns: list[Finding]) -> list[Finding]:
+    """Judge a stall inside a slowdown against the slowed pace, not the old one.
+
+    On a log written every k steps a slowdown of factor f adds (f - 1) * k steps'
+    time to every interval, which the per-step stall rule alone would call a
+    stall in each interval; a real pause must still stand out from the slow pace.
+    """
+    out = []
+    for st in stalls:
+        ev = st.evidence
+        slow = next((sd for sd in slowdowns if sd.segment == st.segment
+                     and sd.onset_step <= st.end_step <= sd.end_step), None)
+        if slow is not None:
+            level = float(slow.evidence["median_step_s"])
+            excess = ev["gap_s"] - ev["allowance_s"] - level * ev["num_steps"]
+            if not (excess > (STALL_RATIO - 1) * level and excess > MIN_STALL_S):
+                continue
+        out.append(st)
+    return out
 
 
 def _duration(seconds: float) -> str:

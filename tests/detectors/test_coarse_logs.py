@@ -1,0 +1,74 @@
+"""Logs written every k steps: stalls judged per step, slowdowns not mistaken for stalls, rollback before the last healthy row."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from runwatch.detectors.analysis import analyze
+from runwatch.detectors.stall import detect_stalls
+from tests.detectors.synth import events_table, grad_curve, loss_curve, rows_table
+
+
+def _coarse_times(num_rows: int, every: int, per_step: float = 2.0, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    steps = np.arange(num_rows) * every
+    times = np.cumsum(rng.normal(per_step * every, 0.02 * per_step * every, num_rows))
+    return steps, times
+
+
+def test_pause_inside_a_25_step_interval_is_a_stall() -> None:
+    # 25 steps of 2 s = 50 s per interval; a 120 s pause (60 steps' time) raises the interval only 2.4x,
+    # and it comes at the 12th row, long before a 16-row block baseline would exist.
+    steps, times = _coarse_times(40, 25)
+    times[12:] += 120.0
+    [f] = detect_stalls(steps, times)
+    assert (f.onset_step, f.end_step) == (275, 300) and f.evidence["num_steps"] == 25
+
+
+def test_interval_jitter_in_coarse_logs_is_not_a_stall() -> None:
+    steps, times = _coarse_times(400, 100, seed=1)  # every 100 steps, 2% jitter per interval
+    assert detect_stalls(steps, times) == []
+
+
+def test_a_short_pause_in_a_coarse_log_is_not_a_stall() -> None:
+    steps, times = _coarse_times(40, 25)
+    times[20:] += 12.0  # 6 steps' time: under STALL_RATIO - 1 = 9 steps
+    assert detect_stalls(steps, times) == []
+
+
+def test_slowdown_in_a_10_step_log_is_a_slowdown_not_a_row_of_stalls() -> None:
+    steps, times = _coarse_times(200, 10)
+    per = np.diff(times, prepend=0.0)
+    per[100:160] *= 3.0  # three times slower for 600 steps: each interval holds 20 extra steps' time
+    times = np.cumsum(per)
+    n = len(steps)
+    rows = rows_table(steps, loss=loss_curve(n), grad_norm=grad_curve(n), time=times)
+    kinds = [f.kind for f in analyze(rows, events_table([])).findings]
+    assert kinds == ["slowdown"]
+
+
+def test_pause_inside_a_slowdown_still_stands_out() -> None:
+    steps, times = _coarse_times(200, 10)
+    per = np.diff(times, prepend=0.0)
+    per[100:160] *= 3.0
+    per[130] += 900.0  # 150 steps at the slow pace of 6 s
+    times = np.cumsum(per)
+    n = len(steps)
+    rows = rows_table(steps, loss=loss_curve(n), grad_norm=grad_curve(n), time=times)
+    stalls = [f for f in analyze(rows, events_table([])).findings if f.kind == "stall"]
+    assert [(f.onset_step, f.end_step) for f in stalls] == [(1290, 1300)]
+
+
+def _ckpt_run(write_seconds: float | None) -> list[str]:
+    steps, times = _coarse_times(40, 10, per_step=1.1)
+    times[20:] += 34.0  # nanoGPT issue 215: eval + save at step 200 took 34 s more than 10 steps of 1.1 s
+    n = len(steps)
+    rows = rows_table(steps, loss=loss_curve(n), grad_norm=grad_curve(n), time=times)
+    payload = {"path": "out/ckpt.pt"} if write_seconds is None else {"path": "out/ckpt.pt", "write_seconds": write_seconds}
+    events = events_table([{"event": "checkpoint", "step": 200, "payload": payload}])
+    return [f.kind for f in analyze(rows, events).findings]
+
+
+def test_checkpoint_of_unknown_write_time_keeps_the_interval_ratio_rule() -> None:
+    assert _ckpt_run(None) == []  # 4x the interval: a save and an eval may explain it
+    assert _ckpt_run(2.0) == ["stall"]  # a 2 s save leaves 32 s (29 steps) unexplained
