@@ -168,13 +168,25 @@ def _actions(target: Finding, ckpt: dict | None, skip: list[int], fp16: bool, lr
     return actions
 
 
+def _last_healthy_row(steps: np.ndarray, onset: int) -> int:
+    """The last logged step before the onset: the latest step known healthy.
+
+    On a log written every k steps the fault began somewhere in (that row,
+    onset], so a checkpoint saved in between may already hold it. On a per-step
+    log this is onset - 1, the old rule.
+    """
+    i = int(np.searchsorted(steps, onset, side="left"))
+    return int(steps[i - 1]) if i > 0 else onset - 1
+
+
 def advise(findings: list[Finding], checkpoints: list[dict], main: dict[str, np.ndarray],
            present_paths: set[str] | None = None) -> Rollback | None:
     """Rollback advice for the earliest open finding that needs action, or None when nothing does."""
     target = _target(findings)
     if target is None:
         return None
-    cutoff, evidence = target.onset_step, {"finding": target.kind, "onset_step": target.onset_step}
+    cutoff, evidence = _last_healthy_row(main["step"], target.onset_step) + 1, {"finding": target.kind,
+                                                                                  "onset_step": target.onset_step}
     growth = target.evidence.get("act_norm_climb_step") or act_growth_start(main["step"], main["act_norm"], target.onset_step)
     if growth is not None and growth <= cutoff:
         cutoff, evidence["act_norm_growth_from"] = growth, growth

@@ -72,3 +72,17 @@ def _ckpt_run(write_seconds: float | None) -> list[str]:
 def test_checkpoint_of_unknown_write_time_keeps_the_interval_ratio_rule() -> None:
     assert _ckpt_run(None) == []  # 4x the interval: a save and an eval may explain it
     assert _ckpt_run(2.0) == ["stall"]  # a 2 s save leaves 32 s (29 steps) unexplained
+
+
+def test_rollback_is_at_or_before_the_last_logged_healthy_row() -> None:
+    # Logged every 25 steps, checkpoints every 10: the fault at step 2010 shows first at row 2025, so the
+    # checkpoint at 2020 may already hold it; 2000 is the last row known healthy.
+    steps = np.arange(0, 3000, 25)
+    n = len(steps)
+    loss, grad = loss_curve(n, noise=0.01), grad_curve(n)
+    loss[steps >= 2025] += 1.2
+    grad[(steps >= 2025) & (steps < 2275)] *= 20
+    rows = rows_table(steps, loss=loss, grad_norm=grad)
+    events = [{"event": "checkpoint", "step": s, "payload": {"path": f"/ckpt/{s}"}} for s in range(1000, 3000, 10)]
+    report = analyze(rows, events_table(events))
+    assert report.rollback is not None and report.rollback.checkpoint_step == 2000
