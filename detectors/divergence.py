@@ -130,6 +130,8 @@ def act_growth_start(steps: np.ndarray, act: np.ndarray, before_step: int) -> in
         start = j
     if last - start < 2 or not y[last] >= ACT_GROWTH * y[start]:
         return None
+    if start == 0:
+        return None  # rising since the first observations: early training, with no flat stretch to depart from
     mid = (start + last) // 2
     first_rate, second_rate = (y[mid] - y[start]) / (mid - start), (y[last] - y[mid]) / (last - mid)
     if second_rate < 0.8 * first_rate:  # decelerating: training settling, not blowing up

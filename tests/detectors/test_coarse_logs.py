@@ -86,3 +86,14 @@ def test_rollback_is_at_or_before_the_last_logged_healthy_row() -> None:
     events = [{"event": "checkpoint", "step": s, "payload": {"path": f"/ckpt/{s}"}} for s in range(1000, 3000, 10)]
     report = analyze(rows, events_table(events))
     assert report.rollback is not None and report.rollback.checkpoint_step == 2000
+
+
+def test_act_norm_rising_since_the_first_observations_is_early_training_not_a_precursor() -> None:
+    from runwatch.detectors.divergence import act_growth_start
+
+    steps = np.arange(200)
+    rising = 1.0 + steps * 0.05  # activations grow from step 0 (warm-up): no flat stretch to depart from
+    assert act_growth_start(steps, rising, 150) is None
+    flat_then_rising = np.where(steps < 80, 1.0, 1.0 + (steps - 80) * 0.05)
+    start = act_growth_start(steps, flat_then_rising, 150)
+    assert start is not None and 60 <= start <= 100
