@@ -96,10 +96,29 @@ def _health(ckpt_step: int, main: dict[str, np.ndarray], findings: list[Finding]
             return False, f"{f.kind} from step {f.onset_step} overlaps the window before it", None
         if f.kind == "spike" and f.onset_step <= ckpt_step <= f.end_step:
             return False, f"inside the spike from step {f.onset_step}", None
-    growth = act_growth_start(steps, main["act_norm"], ckpt_step + 1)
+    growth = _after_warmup(act_growth_start(steps, main["act_norm"], ckpt_step + 1), main)
     if growth is not None:
         return False, f"activation norm climbing since step {growth}", growth
     return True, HEALTHY, None
+
+
+def warmup_end(steps: np.ndarray, lr: np.ndarray) -> int | None:
+    """Last step of the LR warm-up that opens the run (the LR rising from the first row), or None."""
+    ok = np.isfinite(lr) & (lr > 0)
+    s, v = steps[ok], lr[ok]
+    if len(v) < 3 or not v[1] > v[0]:
+        return None
+    stop = np.flatnonzero(np.diff(v) <= 0)
+    return int(s[stop[0]]) if len(stop) else int(s[-1])
+
+
+def _after_warmup(growth: int | None, main: dict[str, np.ndarray]) -> int | None:
+    """An activation-norm climb that began inside the LR warm-up is the model answering the rising LR,
+    not a precursor: walking back before it would skip every checkpoint of early training."""
+    if growth is None or "lr" not in main:
+        return growth
+    end = warmup_end(main["step"], main["lr"])
+    return None if end is not None and growth < end else growth
 
 
 def _position(main: dict[str, np.ndarray], name: str, step: int) -> int | None:
@@ -187,7 +206,8 @@ def advise(findings: list[Finding], checkpoints: list[dict], main: dict[str, np.
         return None
     cutoff, evidence = _last_healthy_row(main["step"], target.onset_step) + 1, {"finding": target.kind,
                                                                                   "onset_step": target.onset_step}
-    growth = target.evidence.get("act_norm_climb_step") or act_growth_start(main["step"], main["act_norm"], target.onset_step)
+    growth = _after_warmup(target.evidence.get("act_norm_climb_step")
+                           or act_growth_start(main["step"], main["act_norm"], target.onset_step), main)
     if growth is not None and growth <= cutoff:
         cutoff, evidence["act_norm_growth_from"] = growth, growth
     chosen, missing, rejected, walked = _choose(checkpoints, cutoff, main, findings, present_paths)

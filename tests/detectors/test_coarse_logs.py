@@ -97,3 +97,22 @@ def test_act_norm_rising_since_the_first_observations_is_early_training_not_a_pr
     flat_then_rising = np.where(steps < 80, 1.0, 1.0 + (steps - 80) * 0.05)
     start = act_growth_start(steps, flat_then_rising, 150)
     assert start is not None and 60 <= start <= 100
+
+
+def _nan_after_act_rise(lr: np.ndarray) -> int | None:
+    n = 134
+    steps = np.arange(n)
+    loss, grad = loss_curve(n, noise=0.01), grad_curve(n)
+    act = np.where(steps < 30, 1.0, 1.0 + (steps - 30) * 0.04)  # activations climbing from step 30
+    loss[114:], grad[114:], act[114:] = np.nan, np.nan, np.nan
+    rows = rows_table(steps, loss=loss, grad_norm=grad, act_norm=act, lr=lr)
+    events = [{"event": "checkpoint", "step": s, "payload": {"path": f"/ckpt/{s}"}} for s in (50, 100)]
+    rb = analyze(rows, events_table(events)).rollback
+    assert rb is not None
+    return rb.checkpoint_step
+
+
+def test_act_norm_climb_inside_the_lr_warmup_is_not_walked_back_over() -> None:
+    steps = np.arange(134)
+    assert _nan_after_act_rise(3e-3 * np.minimum(steps + 1, 150) / 150) == 100  # nanoGPT-style 150-step warm-up
+    assert _nan_after_act_rise(np.full(134, 3e-3)) is None  # same climb at a constant LR: a precursor from step ~30
