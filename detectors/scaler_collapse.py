@@ -6,7 +6,7 @@ stretch; an overflow every few hundred steps followed by regrowth (DeepSpeed's
 calibration, when the scale drops from its initial guess before it ever grew
 (a chain starting within ``CALIBRATION_OBS`` observations of the segment start).
 A finding is a *chain* of decreases without any growth in between, each within
-``CHAIN_GAP`` observations of the previous one, that halves the scale at least
+``CHAIN_GAP`` observations (and steps, unless on the next logged row) of the previous one, that halves the scale at least
 ``MIN_HALVINGS`` times (16x); or any scale under ``FLOOR`` (OPT: healthy means
 >= 1; "crashing to 0" is the signature). A burst is self-recovered once the
 scale grows back to within ``RECOVERED_WITHIN`` halvings of where it was; one
@@ -41,10 +41,13 @@ class ScalerScanner:
         self.pos = 0
         self.grew = False  # the scale has grown once: calibration is over
         self.chain: dict | None = None  # current run of decreases
+        self._steps: np.ndarray | None = None
         self.closed: list[tuple[dict, int, bool | None]] = []
 
-    def advance(self, scale: np.ndarray) -> None:
+    def advance(self, scale: np.ndarray, steps: np.ndarray | None = None) -> None:
+        """``steps`` (the step of each observation, optional) keeps the chain gap in training steps too."""
         n = len(scale)
+        self._steps = steps
         lo = self.pos
         if n <= lo:
             return
@@ -69,7 +72,7 @@ class ScalerScanner:
         halvings = (math.log2(prev / scale[i]) if scale[i] > 0 else math.inf) if i > 0 else 0.0
         ch = self.chain
         # A chain goes on while it has not regrown; a long quiet gap breaks it unless it is already a burst.
-        if ch is not None and not _is_burst(ch) and i - ch["last"] > CHAIN_GAP:
+        if ch is not None and not _is_burst(ch) and self._gap(ch["last"], i) > CHAIN_GAP:
             self.chain = ch = None
         if ch is None:
             ch = self.chain = {"first": i, "last": i, "halvings": 0.0, "before": prev,
@@ -77,6 +80,15 @@ class ScalerScanner:
         ch["last"], ch["halvings"] = i, ch["halvings"] + halvings
         if not scale[i] >= ch["min"]:
             ch["min_i"], ch["min"] = i, float(scale[i])
+
+    def _gap(self, last: int, i: int) -> int:
+        """Quiet observations between two decreases; on a log written every k steps, in steps (a chain
+        gap of 25 observations would be 25k steps, in which a scaler with a long growth interval backs
+        off now and then without collapsing), except that decreases on neighbouring rows always chain."""
+        steps = self._steps
+        if steps is None or i - last <= 1:
+            return i - last
+        return max(i - last, int(steps[i] - steps[last]))
 
     def _close_on_growth(self, i: int, scale: np.ndarray) -> None:
         """Growth ends an ordinary chain; a burst ends only once the scale is back near where it was."""
@@ -133,5 +145,5 @@ def detect_scaler_collapse(steps: np.ndarray, scale: np.ndarray, segment: int = 
     """Offline: every loss-scale collapse in one segment's loss-scale observations."""
     scanner = ScalerScanner(segment)
     scale = np.asarray(scale, dtype=np.float64)
-    scanner.advance(scale)
+    scanner.advance(scale, np.asarray(steps))
     return scanner.findings(np.asarray(steps), scale)

@@ -79,7 +79,7 @@ class SegmentDetectors:
         b = self.buf
         self.spike.advance(b["loss"]["loss"].view, b["loss"]["grad_norm"].view)
         self.divergence.advance(b["loss"]["loss"].view)
-        self.scaler.advance(b["scale"]["loss_scale"].view)
+        self.scaler.advance(b["scale"]["loss_scale"].view, b["scale"]["step"].view)
         self.stall.advance(b["time"]["step"].view, b["time"]["time"].view, b["time"]["allowance"].view)
         self.slowdown.advance(b["step_time"]["step_time"].view)
 

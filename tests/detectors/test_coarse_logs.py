@@ -116,3 +116,29 @@ def test_act_norm_climb_inside_the_lr_warmup_is_not_walked_back_over() -> None:
     steps = np.arange(134)
     assert _nan_after_act_rise(3e-3 * np.minimum(steps + 1, 150) / 150) == 100  # nanoGPT-style 150-step warm-up
     assert _nan_after_act_rise(np.full(134, 3e-3)) is None  # same climb at a constant LR: a precursor from step ~30
+
+
+def test_scaler_chain_gap_counts_steps_on_a_coarse_log() -> None:
+    from runwatch.detectors.scaler_collapse import detect_scaler_collapse
+
+    steps = np.arange(0, 400, 5)  # logged every 5 steps, growth interval longer than the run: no regrowth
+    scale = np.full(len(steps), 65536.0)
+    for at in (165, 175, 200):  # ordinary single backoffs
+        scale[steps >= at] /= 2
+    for at in (240, 245, 250, 255):  # the collapse: 4-5 halvings per row
+        scale[steps >= at] /= 32
+    [f] = detect_scaler_collapse(steps, scale)
+    assert f.onset_step == 240  # 200 -> 240 is 8 rows but 40 steps: not one chain with the backoffs before
+
+
+def test_scaler_halving_on_every_row_of_a_100_step_log_is_still_one_chain() -> None:
+    from runwatch.detectors.scaler_collapse import detect_scaler_collapse
+
+    steps = np.arange(0, 30000, 100)
+    scale = np.full(len(steps), 65536.0)
+    scale[150:] = 32768.0
+    scale[151:] = 131072.0  # grew: start-up calibration is over
+    for i in range(200, 206):
+        scale[i:] /= 2  # one halving per logged row, 100 steps apart
+    [f] = detect_scaler_collapse(steps, scale)
+    assert f.onset_step == 20000 and f.evidence["halvings"] == 6
