@@ -20,7 +20,7 @@ from runwatch.collectors.importers.base import ParsedLog, write_import
 from .scenarios import LabelledRun, scenarios
 from .training import train
 
-VERSION = "labelled-v4"
+VERSION = "labelled-v5"  # v5: checkpoint events carry write_seconds, as the record says
 
 
 def write_run(root: Path, lr: LabelledRun) -> int:

@@ -35,7 +35,7 @@ from . import training
 from .scenarios import Label, LabelledRun, _fault_step, _last_ckpt_before
 from .training import Fault, Resume, RunSpec
 
-VERSION = "labelled-heldout-v1"
+VERSION = "labelled-heldout-v2"  # v2: checkpoint events carry write_seconds
 HELDOUT_SEED = 2027  # any seed but the dev set's 0
 
 

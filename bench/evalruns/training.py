@@ -241,7 +241,7 @@ def _checkpoint(spec: RunSpec, st: _State) -> None:
         "scaler": copy.deepcopy(st.scaler.state_dict()) if st.scaler else None, "batch_idx": st.batch_idx,
     }
     st.events.append({"event": "checkpoint", "step": st.step, "time": st.clock, "path": path,
-                      "bytes": 52_000, "seconds": 0.5 * spec.step_seconds, "row_index": len(st.rows)})
+                      "bytes": 52_000, "write_seconds": 0.5 * spec.step_seconds, "row_index": len(st.rows)})
 
 
 def _resume(spec: RunSpec, st: _State) -> None:
