@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -18,22 +19,15 @@ import torch
 from runwatch.collectors.importers.base import ParsedLog, write_import
 
 from .scenarios import LabelledRun, scenarios
-from .training import train
+from .training import RunSpec, train
 
 VERSION = "labelled-v5"  # v5: checkpoint events carry write_seconds, as the record says
 
 
-def write_run(root: Path, lr: LabelledRun) -> int:
-    """Train one labelled run and write it under ``root``; returns the number of rows."""
-    rows, events = train(lr.spec)
-    parsed = ParsedLog.from_rows(rows, events=events)
-    write_import(root, lr.spec.run, parsed, replace=True,
-                 meta={"source": "bench/evalruns", "scenario": lr.spec.scenario, "labels_version": VERSION})
-    return len(rows)
-
-
-def generate(out_dir: Path, runs: list[LabelledRun] | None = None, *, verbose: bool = False) -> dict:
-    """Write every run and ``labels.json`` under ``out_dir`` (root = out_dir/'store')."""
+def generate(out_dir: Path, runs: list[LabelledRun] | None = None, *, verbose: bool = False,
+             train_fn: Callable[[RunSpec], tuple[list, list]] = train, version: str = VERSION,
+             source: str = "bench/evalruns", describe: Callable[[LabelledRun], dict] = LabelledRun.to_dict) -> dict:
+    """Train and write every run, plus ``labels.json``, under ``out_dir`` (root = out_dir/'store')."""
     torch.set_num_threads(1)
     runs = scenarios() if runs is None else runs
     root = out_dir / "store"
@@ -41,11 +35,14 @@ def generate(out_dir: Path, runs: list[LabelledRun] | None = None, *, verbose: b
     t0 = time.perf_counter()
     num_rows = 0
     for k, lr in enumerate(runs):
-        num_rows += write_run(root, lr)
+        rows, events = train_fn(lr.spec)
+        write_import(root, lr.spec.run, ParsedLog.from_rows(rows, events=events), replace=True,
+                     meta={"source": source, "scenario": lr.spec.scenario, "labels_version": version})
+        num_rows += len(rows)
         if verbose and (k + 1) % 20 == 0:
             print(f"  generated {k + 1}/{len(runs)} runs, {time.perf_counter() - t0:.0f}s", flush=True)
-    info = {"version": VERSION, "num_runs": len(runs), "num_rows": num_rows,
-            "seconds": round(time.perf_counter() - t0, 1), "runs": [lr.to_dict() for lr in runs]}
+    info = {"version": version, "num_runs": len(runs), "num_rows": num_rows,
+            "seconds": round(time.perf_counter() - t0, 1), "runs": [describe(lr) for lr in runs]}
     (out_dir / "labels.json").write_text(json.dumps(info, indent=1))
     return info
 

@@ -21,17 +21,15 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
-import torch
-from runwatch.collectors.importers.base import ParsedLog, write_import
 
 from . import training
+from .generate import generate
 from .scenarios import Label, LabelledRun, _fault_step, _last_ckpt_before
 from .training import Fault, Resume, RunSpec
 
@@ -345,24 +343,9 @@ def heldout_scenarios(counts: dict[str, int] | None = None, seed: int = HELDOUT_
 
 def generate_heldout(out_dir: Path, runs: list[LabelledRun] | None = None, *, verbose: bool = False) -> dict:
     """Train and write the held-out runs under ``out_dir`` (root = out_dir/'store') plus ``labels.json``."""
-    torch.set_num_threads(1)
-    runs = heldout_scenarios() if runs is None else runs
-    root = out_dir / "store"
-    root.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
-    num_rows = 0
-    for k, lr in enumerate(runs):
-        rows, events = train_heldout(lr.spec)
-        write_import(root, lr.spec.run, ParsedLog.from_rows(rows, events=events), replace=True,
-                     meta={"source": "bench/evalruns/heldout", "scenario": lr.spec.scenario, "labels_version": VERSION})
-        num_rows += len(rows)
-        if verbose and (k + 1) % 10 == 0:
-            print(f"  generated {k + 1}/{len(runs)} runs, {time.perf_counter() - t0:.0f}s", flush=True)
-    info = {"version": VERSION, "num_runs": len(runs), "num_rows": num_rows,
-            "seconds": round(time.perf_counter() - t0, 1),
-            "runs": [{**lr.to_dict(), "knobs": _knobs(lr.spec)} for lr in runs]}
-    (out_dir / "labels.json").write_text(json.dumps(info, indent=1))
-    return info
+    return generate(out_dir, heldout_scenarios() if runs is None else runs, verbose=verbose, train_fn=train_heldout,
+                    version=VERSION, source="bench/evalruns/heldout",
+                    describe=lambda lr: {**lr.to_dict(), "knobs": _knobs(lr.spec)})
 
 
 def _knobs(spec: RunSpec) -> dict:
