@@ -224,25 +224,10 @@ class Store:
         A range holding fewer rows than buckets comes back at full resolution
         (one row per bucket), so zooming in always reaches the raw values.
         """
-        names = self.columns(run)
-        if column not in names or x not in names:
-            raise ValueError(f"run {run!r} has no column {column if column not in names else x!r}")
-        if num_buckets < 1:
-            raise ValueError("num_buckets must be >= 1")
-        rows_tbl = self.rows(run, rank).select(["segment", "main", x, column])  # noqa: F841 (read by DuckDB)
-        if lo is None or hi is None:
-            xs = rows_tbl[x]
-            lo = pc.min(xs).as_py() if lo is None else lo
-            hi = pc.max(xs).as_py() if hi is None else hi
-        if lo is None or hi is None:
-            return rows_tbl.slice(0, 0)
-        sql = _DOWNSAMPLE_SQL.format(x=quote_ident(x), col=quote_ident(column))
-        try:
-            con = self._con.cursor()
-            con.register("rows_tbl", rows_tbl)
-            return query_arrow(con, sql, {"lo": float(lo), "hi": float(hi), "num_buckets": int(num_buckets)})
-        except duckdb.Error as err:
-            raise StoreError(f"downsampling {column!r} of {run!r} failed: {err}") from err
+        if column not in self.columns(run) and column != "step_time":
+            raise ValueError(f"run {run!r} has no column {column!r}")
+        result = self.downsample_columns(run, [column], x=x, num_buckets=num_buckets, lo=lo, hi=hi, rank=rank)
+        return result.get(column, pa.table({}))
 
     def downsample_columns(
         self, run: str, columns: list[str], *, x: str = "step", num_buckets: int = 2000,
