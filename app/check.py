@@ -12,53 +12,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import time
 from pathlib import Path
 
+from runwatch.app.judge import judge_run
 from runwatch.data.store import Store
-from runwatch.detectors.advisor import checkpoints_from_events
-from runwatch.detectors.analysis import Report, analyze
+from runwatch.detectors.analysis import Report
 
 EXIT_OK, EXIT_ACTION, EXIT_USAGE = 0, 1, 2
 MAX_HISTORY = 10
 """History lines in the human view: the newest ten; --json has them all."""
 
 
-def present_checkpoint_paths(root: Path, checkpoints: list[dict]) -> set[str] | None:
-    """Checkpoint paths found on this machine (absolute, or relative to the root or cwd).
-
-    None when none of them is here at all: the run was trained (or imported)
-    elsewhere, so absence proves nothing and the advisor must not call every
-    checkpoint deleted.
-    """
-    paths = {c["path"] for c in checkpoints if isinstance(c.get("path"), str)}
-    found = {p for p in paths if os.path.exists(p) or (root / p).exists()}
-    return found if found else None
-
-
-def is_live(meta: dict) -> bool:
-    """A run still being recorded (not an archived import, not marked finished) can stall."""
-    source = str(meta.get("source") or "")
-    status = str(meta.get("status") or "").lower()
-    return not source.startswith("import") and not meta.get("finished") and status not in ("finished", "completed", "ended")
-
-
 def run_check(root: str | Path, run: str, now: float | None = None) -> Report:
-    """Analyze one run of the store (rank 0, or the lowest rank present)."""
-    root = Path(root)
+    """Judge one run of the store under ``root`` (see ``judge_run``)."""
     with Store(root) as store:
-        if not store.has_run(run):
-            known = ", ".join(store.run_names()) or "none"
-            raise ValueError(f"unknown run {run!r} under {root} (runs there: {known})")
-        ranks = store.ranks(run)
-        rows = store.rows(run, rank=0 if 0 in ranks else ranks[0])
-        events = store.events(run)
-        meta = store.meta(run)
-    present = present_checkpoint_paths(root, checkpoints_from_events(events))
-    live_now = (time.time() if now is None else now) if is_live(meta) else None
-    return analyze(rows, events, now=live_now, present_paths=present)
+        return judge_run(store, run, now=now)
 
 
 def exit_code(report: Report) -> int:

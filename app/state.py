@@ -90,18 +90,11 @@ def _reports() -> dict:
 
 
 def _judge(root_dir: str, run: str) -> tuple[object | None, str | None, float]:
-    from runwatch.app.check import is_live
-    from runwatch.detectors.analysis import analyze
+    from runwatch.app.judge import judge_run
 
-    store = get_store(root_dir)
     t0 = time.perf_counter()
     try:
-        events = store.events(run)
-        # Same rule as `runwatch check`: archived imports and finished runs cannot stall.
-        live = is_live(store.meta(run)) and not views.is_finished(events)
-        now = time.time() if live else None
-        report = analyze(store.rows(run, rank=0), events, now=now)
-        return report, None, time.perf_counter() - t0
+        return judge_run(get_store(root_dir), run), None, time.perf_counter() - t0
     except (ValueError, RuntimeError, OSError, MemoryError) as err:
         # Shown on the page (and cached, so a run too big to judge is not retried every tick).
         return None, f"{type(err).__name__}: {err}", time.perf_counter() - t0

@@ -9,12 +9,13 @@ dataclasses with the documented fields).
 from __future__ import annotations
 
 import json
-import shlex
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
 import pyarrow as pa
+
+from runwatch.detectors.advisor import resume_hint
 
 HEALTH_ORDER = {"action needed": 0, "stalled": 1, "error": 2, "analysing": 3, "watching": 4, "healthy": 5}
 # Streamlit markdown colour names; the colour carries the message before the words are read.
@@ -205,11 +206,7 @@ def resume_command(run: str, rollback: object, meta: Mapping[str, object] | None
     base = str(meta.get("command") or "python train.py")
     step, path = getattr(rollback, "checkpoint_step", None), getattr(rollback, "checkpoint_path", None)
     skip = getattr(rollback, "skip_batches", None)
-    shell = [base]
-    if path:
-        shell.append(f"--resume-from {shlex.quote(str(path))}")
-    if skip:
-        shell.append(f"--skip-batches {int(skip[0])}:{int(skip[1])}")
+    shell = [base] + ([hint] if (hint := resume_hint(path, skip)) else [])
     monitor_args = [repr(run)]
     if step is not None:
         monitor_args.append(f"resume_step={int(step)}")
@@ -232,17 +229,3 @@ def resolve_under_root(root: str | Path, given: str) -> Path:
     if not path.is_file():
         raise ValueError(f"{given}: no such file under {root_path}")
     return path
-
-
-def is_finished(events: pa.Table) -> bool:
-    """True when the run's latest segment recorded its own normal end (a ``note`` with status "finished").
-
-    Such a run is judged without a live-stall check: silence after the end is
-    not a hang. A run that stops without saying so still turns "stalled".
-    """
-    rows = events.to_pylist()
-    if not rows:
-        return False
-    last_segment = max(r["segment"] for r in rows)
-    return any(r["event"] == "note" and r["segment"] == last_segment
-               and json.loads(r["payload"] or "{}").get("status") == "finished" for r in rows)

@@ -113,3 +113,35 @@ def json_safe(value: object) -> object:
     if isinstance(value, float) and not math.isfinite(value):
         return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
     return value
+
+
+def segment_cuts(first_steps: Mapping[int, int], last_steps: Mapping[int, int],
+                 resume_steps: Mapping[int, int]) -> dict[int, int | None]:
+    """The main-line rule of the record, written once: per segment, the first step a later segment replaced.
+
+    A segment that resumed from the checkpoint of step s (its ``resume`` event
+    carries s) replaces every older row after s, even when its own first
+    logged step is later (skipped batches advance the step counter); without a
+    resume event a segment replaces from its first step. For segment k the cut
+    is the smallest such step over the later segments; k's rows at or after
+    the cut are an abandoned branch, and ``None`` means none of k's rows is.
+    """
+    starts = {seg: min(first, resume_steps[seg] + 1) if seg in resume_steps else first
+              for seg, first in first_steps.items()}
+    out: dict[int, int | None] = {}
+    for seg in sorted(first_steps):
+        later = [start for other, start in starts.items() if other > seg]
+        cut = min(later) if later else None
+        # A cut before the segment's first step abandons all of it, from its first step.
+        out[seg] = max(cut, first_steps[seg]) if cut is not None and cut <= last_steps[seg] else None
+    return out
+
+
+def resume_steps_of(events: Iterable[Mapping[str, object]]) -> dict[int, int]:
+    """Segment -> the checkpoint step it resumed from, from ``resume`` events (segment, event, step)."""
+    out: dict[int, int] = {}
+    for ev in events:
+        if ev.get("event") == "resume" and ev.get("segment") is not None and ev.get("step") is not None:
+            seg, step = int(ev["segment"]), int(ev["step"])
+            out[seg] = min(step, out.get(seg, step))
+    return out

@@ -16,7 +16,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from runwatch.data.record import EVENTS_SCHEMA
+from runwatch.data.record import EVENTS_SCHEMA, resume_steps_of, segment_cuts
 from runwatch.data.storage import data_files, list_runs, read_run_meta, run_dir
 
 
@@ -40,30 +40,21 @@ _READ = (
     "hive_types={'run': VARCHAR, 'segment': INTEGER, 'rank': INTEGER})"
 )
 
-# abandoned_from(k) = the first step of the earliest-starting later segment, when that
-# step is at or below segment k's last step: k's rows from there on are a dead branch.
+# Per-segment step and time ranges; where a later segment cut each one off is the
+# record's rule (``segment_cuts``), applied in Python and bound into the row queries.
 _SEGMENTS_SQL = f"""
-WITH m AS (SELECT segment, step, time FROM {_READ}),
-seg AS (
-  SELECT segment, min(step) AS first_step, max(step) AS last_step,
-         min(time) AS first_time, max(time) AS last_time, count(*) AS num_rows
-  FROM m GROUP BY segment
-)
-SELECT a.segment, a.first_step, a.last_step, a.first_time, a.last_time, a.num_rows,
-       (SELECT CASE WHEN min(b.first_step) <= a.last_step THEN min(b.first_step) END
-        FROM seg b WHERE b.segment > a.segment) AS abandoned_from
-FROM seg a ORDER BY a.segment
+SELECT segment, min(step) AS first_step, max(step) AS last_step,
+       min(time) AS first_time, max(time) AS last_time, count(*) AS num_rows
+FROM {_READ} GROUP BY segment ORDER BY segment
 """
 
+# The (segment, cut step) pairs of ``segment_cuts``, as a table to join on.
+_CUTS = "cut AS (SELECT unnest($cut_segments::INTEGER[]) AS segment, unnest($cut_steps::BIGINT[]) AS cut_step)"
+
 _ROWS_SQL = f"""
-WITH m AS (SELECT * EXCLUDE (run) FROM {_READ} WHERE ($rank IS NULL OR rank = $rank)),
-seg AS (SELECT segment, min(step) AS first_step FROM m GROUP BY segment),
-cut AS (
-  SELECT a.segment, (SELECT min(b.first_step) FROM seg b WHERE b.segment > a.segment) AS cut_step
-  FROM seg a
-)
+WITH m AS (SELECT * EXCLUDE (run) FROM {_READ} WHERE ($rank IS NULL OR rank = $rank)), {_CUTS}
 SELECT m.*, (cut.cut_step IS NULL OR m.step < cut.cut_step) AS main
-FROM m JOIN cut USING (segment)
+FROM m LEFT JOIN cut USING (segment)
 WHERE ($lo IS NULL OR m.step >= $lo) AND ($hi IS NULL OR m.step <= $hi)
 ORDER BY m.segment, m.rank, m.step
 """
@@ -94,15 +85,10 @@ FROM b GROUP BY segment, main, bucket ORDER BY segment, main, bucket
 # The columns a chart needs, with the main-line flag; ``step_time`` is derived from
 # the time between consecutive rows of a segment when the run does not store it.
 _CHART_ROWS_SQL = f"""
-WITH m AS (SELECT segment, step, time, __COLS__ FROM {_READ} WHERE ($rank IS NULL OR rank = $rank)),
-seg AS (SELECT segment, min(step) AS first_step FROM m GROUP BY segment),
-cut AS (
-  SELECT a.segment, (SELECT min(b.first_step) FROM seg b WHERE b.segment > a.segment) AS cut_step
-  FROM seg a
-)
+WITH m AS (SELECT segment, step, time, __COLS__ FROM {_READ} WHERE ($rank IS NULL OR rank = $rank)), {_CUTS}
 SELECT m.*, (cut.cut_step IS NULL OR m.step < cut.cut_step) AS main,
        (m.time - lag(m.time) OVER w) / nullif(m.step - lag(m.step) OVER w, 0) AS derived_step_time
-FROM m JOIN cut USING (segment)
+FROM m LEFT JOIN cut USING (segment)
 WINDOW w AS (PARTITION BY m.segment ORDER BY m.step)
 """
 
@@ -164,16 +150,31 @@ class Store:
         return files
 
     def segments(self, run: str) -> pa.Table:
-        """Each segment's step range, and the step from which a later resume abandoned it."""
-        return self._query(_SEGMENTS_SQL, {"files": self._run_files(run)})
+        """Each segment's step and time range, and ``abandoned_from``: the first of its steps a later
+        segment replaced (``segment_cuts``), or null."""
+        table = self._query(_SEGMENTS_SQL, {"files": self._run_files(run)})
+        cuts = self._cuts(run, table)
+        return table.append_column("abandoned_from", pa.array([cuts[s] for s in table["segment"].to_pylist()],
+                                                              pa.int64()))
+
+    def _cuts(self, run: str, segments: pa.Table | None = None) -> dict[int, int | None]:
+        segments = self._query(_SEGMENTS_SQL, {"files": self._run_files(run)}) if segments is None else segments
+        seg = segments["segment"].to_pylist()
+        return segment_cuts(dict(zip(seg, segments["first_step"].to_pylist())),
+                            dict(zip(seg, segments["last_step"].to_pylist())),
+                            resume_steps_of(self.events(run).to_pylist()))
+
+    def _cut_params(self, run: str) -> dict:
+        cuts = {seg: cut for seg, cut in self._cuts(run).items() if cut is not None}
+        return {"cut_segments": list(cuts), "cut_steps": list(cuts.values())}
 
     def rows(self, run: str, rank: int | None = 0, lo: int | None = None, hi: int | None = None) -> pa.Table:
         """All rows of a run (all segments), with ``segment``, ``rank`` and ``main``.
 
         ``main`` is true where the row is on the main line: no later segment
-        resumed at or before its step. ``rank=None`` returns every rank.
+        replaced it (``segment_cuts``: a resume from step s replaces the rows after s). ``rank=None`` returns every rank.
         """
-        params = {"files": self._run_files(run), "rank": rank, "lo": lo, "hi": hi}
+        params = {"files": self._run_files(run), "rank": rank, "lo": lo, "hi": hi, **self._cut_params(run)}
         return self._query(_ROWS_SQL, params)
 
     def main_line(self, run: str, rank: int | None = 0) -> pa.Table:
@@ -247,7 +248,7 @@ class Store:
         wanted = [c for c in dict.fromkeys(columns) if c in names or c == "step_time"]
         stored = [c for c in dict.fromkeys([x, *wanted]) if c in names and c not in ("step", "time")]
         sql = _CHART_ROWS_SQL.replace("__COLS__", ", ".join(quote_ident(c) for c in stored) or "NULL AS _none")
-        rows_tbl = self._query(sql, {"files": self._run_files(run), "rank": rank})
+        rows_tbl = self._query(sql, {"files": self._run_files(run), "rank": rank, **self._cut_params(run)})
         if "step_time" not in names:
             rows_tbl = rows_tbl.append_column("step_time", rows_tbl["derived_step_time"])
         if lo is None or hi is None:

@@ -17,6 +17,7 @@ clipping (OPT 1.0 -> 0.3); for NaN or scaler collapse under fp16, consider BF16.
 from __future__ import annotations
 
 import json
+import shlex
 
 import numpy as np
 import pyarrow as pa
@@ -187,6 +188,15 @@ def _actions(target: Finding, ckpt: dict | None, skip: list[int], fp16: bool, lr
     return actions
 
 
+def resume_hint(path: str | None, skip: list[int] | None) -> str:
+    """The resume arguments in one form for every surface (CLI, JSON, dashboard), shell-quoted:
+    a checkpoint path is text from a log, never a command."""
+    parts = [f"--resume {shlex.quote(str(path))}"] if path else []
+    if skip:
+        parts.append(f"--skip-batches {int(skip[0])}-{int(skip[1])}")
+    return " ".join(parts)
+
+
 def _last_healthy_row(steps: np.ndarray, onset: int) -> int:
     """The last logged step before the onset: the latest step known healthy.
 
@@ -226,7 +236,7 @@ def advise(findings: list[Finding], checkpoints: list[dict], main: dict[str, np.
         before = f"before the onset at step {target.onset_step}"
     if chosen:
         reason = f"{target.message}. Checkpoint {chosen['step']} is the latest one {before} that is retained and healthy ({HEALTHY})."
-        evidence["resume_hint"] = f"--resume {chosen['path']} --skip-batches {skip[0]}-{skip[1]}"
+        evidence["resume_hint"] = resume_hint(chosen["path"], skip)
     else:
         reason = f"{target.message}. No retained, healthy checkpoint exists {before}."
     if missing:

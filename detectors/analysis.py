@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from runwatch.data.record import resume_steps_of
 from runwatch.detectors.advisor import advise, checkpoints_from_events
 from runwatch.detectors.finding import Finding, Rollback, SegmentInfo, clean_json
 from runwatch.detectors.segment_scan import SegmentDetectors
@@ -173,4 +174,5 @@ def analyze(rows: pa.Table, events: pa.Table | None = None, now: float | None = 
         scan = SegmentDetectors(segment, seconds)
         scan.advance(cols)
         raw.extend(scan.findings())
-    return assemble(raw, segment_infos(rows), main_line(rows), checkpoints, now, present_paths)
+    infos = segment_infos(rows, resume_steps_of(events.to_pylist() if events is not None else []))
+    return assemble(raw, infos, main_line(rows, infos), checkpoints, now, present_paths)

@@ -11,14 +11,22 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from runwatch.data.record import segment_cuts
 from runwatch.detectors.finding import SegmentInfo
 
 FLOAT_COLUMNS: tuple[str, ...] = ("time", "loss", "grad_norm", "loss_scale", "act_norm", "lr", "step_time",
                                   "samples", "tokens")
 
 
-def segment_infos(rows: pa.Table) -> list[SegmentInfo]:
-    """Each segment's first and last step; ``abandoned_from`` = first step of the earliest later resume at or below its end."""
+def infos_from_ranges(first: dict[int, int], last: dict[int, int],
+                      resume_steps: dict[int, int] | None = None) -> list[SegmentInfo]:
+    """Segment records from each segment's step range and resume steps (the record's ``segment_cuts``)."""
+    cuts = segment_cuts(first, last, resume_steps or {})
+    return [SegmentInfo(segment=k, first_step=first[k], last_step=last[k], abandoned_from=cuts[k]) for k in sorted(first)]
+
+
+def segment_infos(rows: pa.Table, resume_steps: dict[int, int] | None = None) -> list[SegmentInfo]:
+    """Each segment's first and last step and ``abandoned_from`` (see ``segment_cuts``)."""
     if rows.num_rows == 0:
         return []
     seg = rows["segment"].to_numpy(zero_copy_only=False).astype(np.int64) if "segment" in rows.column_names \
@@ -27,13 +35,13 @@ def segment_infos(rows: pa.Table) -> list[SegmentInfo]:
     ids = np.unique(seg)
     first = {int(k): int(steps[seg == k].min()) for k in ids}
     last = {int(k): int(steps[seg == k].max()) for k in ids}
-    out = []
-    for k in sorted(first):
-        later = [first[j] for j in first if j > k]
-        cut = min(later) if later else None
-        out.append(SegmentInfo(segment=k, first_step=first[k], last_step=last[k],
-                               abandoned_from=cut if cut is not None and cut <= last[k] else None))
-    return out
+    return infos_from_ranges(first, last, resume_steps)
+
+
+def on_main_line(steps: np.ndarray, segment: int, infos: list[SegmentInfo]) -> np.ndarray:
+    """Which of one segment's rows lie on the main line (before the segment's cut)."""
+    cut = next((s.abandoned_from for s in infos if s.segment == segment), None)
+    return np.ones(len(steps), dtype=bool) if cut is None else steps < cut
 
 
 def columns(table: pa.Table) -> dict[str, np.ndarray]:
@@ -79,19 +87,25 @@ def _sorted_by(major: np.ndarray, minor: np.ndarray) -> bool:
     return bool(np.all((dm > 0) | ((dm == 0) & (dn >= 0))))
 
 
-def main_line(rows: pa.Table) -> dict[str, np.ndarray]:
-    """The main line (for every step, the row of the latest segment covering it), by step."""
+def main_line(rows: pa.Table, infos: list[SegmentInfo] | None = None) -> dict[str, np.ndarray]:
+    """The main line (for every step, the row of the latest segment covering it), by step.
+
+    Uses the store's ``main`` flag when the rows carry it, else ``infos`` (from ``segment_infos``).
+    """
     if rows.num_rows == 0:
         return columns(rows)
     if "main" in rows.column_names:
         rows = rows.filter(pc.fill_null(rows["main"], False))
     else:
-        infos = {s.segment: s for s in segment_infos(rows)}
-        seg = rows["segment"].to_numpy(zero_copy_only=False) if "segment" in rows.column_names else np.zeros(rows.num_rows)
+        infos = segment_infos(rows) if infos is None else infos
+        seg = rows["segment"].to_numpy(zero_copy_only=False) if "segment" in rows.column_names \
+            else np.zeros(rows.num_rows, np.int64)
         steps = rows["step"].to_numpy(zero_copy_only=False)
-        cut = np.array([infos[int(k)].abandoned_from if infos[int(k)].abandoned_from is not None else np.iinfo(np.int64).max
-                        for k in seg])
-        rows = rows.filter(pa.array(steps < cut))
+        keep = np.ones(rows.num_rows, dtype=bool)
+        for k in np.unique(seg):
+            at = seg == k
+            keep[at] = on_main_line(steps[at], int(k), infos)
+        rows = rows.filter(pa.array(keep))
     steps = rows["step"].to_numpy(zero_copy_only=False)
     if len(steps) > 1 and not np.all(np.diff(steps) >= 0):
         rows = rows.sort_by("step")

@@ -18,11 +18,12 @@ from collections.abc import Mapping
 import numpy as np
 import pyarrow as pa
 
+from runwatch.data.record import resume_steps_of
 from runwatch.detectors.advisor import checkpoints_from_events
 from runwatch.detectors.analysis import Report, assemble, checkpoint_seconds
 from runwatch.detectors.finding import Finding, SegmentInfo
 from runwatch.detectors.segment_scan import SegmentDetectors
-from runwatch.detectors.segments import FLOAT_COLUMNS
+from runwatch.detectors.segments import FLOAT_COLUMNS, infos_from_ranges, on_main_line
 from runwatch.detectors.series import BLOCK, Grow
 
 
@@ -118,14 +119,9 @@ class StreamingAnalyzer:
         return out
 
     def segments(self) -> list[SegmentInfo]:
-        firsts = {k: int(b.cols["step"].view.min()) for k, b in self._segments.items() if b.cols["step"].size}
-        out = []
-        for k in sorted(firsts):
-            last = int(self._segments[k].cols["step"].view.max())
-            later = [firsts[j] for j in firsts if j > k]
-            cut = min(later) if later else None
-            out.append(SegmentInfo(k, firsts[k], last, cut if cut is not None and cut <= last else None))
-        return out
+        bufs = {k: b.cols["step"].view for k, b in self._segments.items() if b.cols["step"].size}
+        return infos_from_ranges({k: int(v.min()) for k, v in bufs.items()}, {k: int(v.max()) for k, v in bufs.items()},
+                                 resume_steps_of(self._events))
 
     def main_line(self) -> dict[str, np.ndarray]:
         """For every step, the row of the latest segment covering it (as ``Store.rows``'s ``main``)."""
@@ -133,8 +129,7 @@ class StreamingAnalyzer:
         parts = []
         for info in infos:
             views = self._segments[info.segment].views()
-            later = [s.first_step for s in infos if s.segment > info.segment]
-            keep = views["step"] < min(later) if later else np.ones(len(views["step"]), bool)
+            keep = on_main_line(views["step"], info.segment, infos)
             parts.append({k: v[keep] for k, v in views.items()})
         if not parts:
             return _SegmentBuffer(0, {}).views()

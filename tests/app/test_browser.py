@@ -88,7 +88,7 @@ def test_run_page_renders_charts_and_rollback_card(server: str, page, tmp_path: 
     _wait_idle(page)
     assert page.locator(".stException").count() == 0
     card = page.locator(".st-key-rollback_card").inner_text()
-    assert "Rollback advice" in card and "Roll back to checkpoint @ step" in card and "--resume-from" in card
+    assert "Rollback advice" in card and "Roll back to checkpoint @ step" in card and "--resume " in card
     titles = page.locator(".js-plotly-plot .g-gtitle, .js-plotly-plot .annotation-text").all_text_contents()
     for panel in ("loss", "grad norm", "loss scale (log)", "final-layer act norm", "step time (s)"):
         assert panel in titles

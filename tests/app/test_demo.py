@@ -10,6 +10,7 @@ from runwatch.app import views
 from runwatch.app.demo import CHECKPOINT_DIR, DemoPlan, has_demo
 from runwatch.data.store import Store
 from runwatch.detectors.analysis import analyze
+from runwatch.app.judge import is_finished
 from tests.app.conftest import TEST_PLAN_KW
 
 
@@ -27,7 +28,7 @@ def test_rollback_run_has_an_abandoned_branch_and_skips(demo_root: Path) -> None
     skipped = set(range(plan.lr_jump_at, plan.lr_jump_at + plan.skip_batches))
     steps = set(main["step"].to_pylist())
     assert not skipped & steps and max(steps) == plan.num_steps - 1  # skipped batches were not trained on
-    assert views.is_finished(events)
+    assert is_finished(events)
 
 
 def test_checkpoints_are_real_files(demo_root: Path) -> None:

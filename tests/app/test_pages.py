@@ -54,7 +54,7 @@ def test_run_page_with_rollback_card(monkeypatch: pytest.MonkeyPatch, demo_root:
     no_errors(at)
     text = markdown(at)
     assert "demo-diverged" in text and "Rollback advice" in text and "Roll back to checkpoint @ step" in text
-    assert any("--resume-from" in c.value for c in at.code)
+    assert any("--resume " in c.value for c in at.code)
     assert at.radio(key="x_axis").options == ["step", "tokens"]
     findings = [d.value for d in at.dataframe if "kind" in d.value.columns]
     assert findings and "OPEN" in findings[0]["status"].tolist()  # open alarms come first, in view

@@ -12,6 +12,8 @@ import pytest
 from runwatch.app import views
 from runwatch.data.store import Store
 from runwatch.detectors.finding import Finding, Rollback
+from runwatch.app.judge import is_finished
+from runwatch.detectors.advisor import resume_hint
 from tests.app.conftest import spike_lines, write_jsonl_run
 
 
@@ -71,7 +73,8 @@ def test_rollback_card_and_resume_command() -> None:
     assert "lower the learning rate" in text and "no longer retained" in text and "diverging" in text
     cmd = views.resume_command("gpt", rb, {"command": "torchrun train.py --cfg a.yaml"})
     assert cmd.startswith("torchrun train.py --cfg a.yaml")
-    assert "--resume-from '/ckpt/step 250.pt'" in cmd and "--skip-batches 251:300" in cmd  # quoted for the shell
+    assert "--resume '/ckpt/step 250.pt' --skip-batches 251-300" in cmd  # quoted for the shell
+    assert resume_hint(rb.checkpoint_path, rb.skip_batches) in cmd  # the same hint as `runwatch check`
     assert "resume_step=250" in cmd and "skip_batches=(251, 300)" in cmd
     assert views.evidence_rows(rb.evidence) == [{"evidence": "onset_step", "value": "291"}]
 
@@ -80,7 +83,7 @@ def test_no_checkpoint_is_said_plainly() -> None:
     rb = Rollback(checkpoint_step=None, checkpoint_path=None, skip_batches=None, actions=[], reason="",
                   evidence={}, checkpoint_missing=False)
     assert views.rollback_lines(rb)[0].startswith("**No healthy checkpoint")
-    assert "--resume-from" not in views.resume_command("gpt", rb)
+    assert "--resume" not in views.resume_command("gpt", rb)
 
 
 def test_findings_table_and_bands() -> None:
@@ -106,11 +109,11 @@ def test_event_marks_and_finished(tmp_path: Path) -> None:
         events = store.events("r")
     marks = views.event_marks(events, "checkpoint")
     assert marks == [{"x": 49.0, "text": "checkpoint @ step 49: ckpt/49.pt", "step": 49}]
-    assert not views.is_finished(events)
+    assert not is_finished(events)
     finished = pa.concat_tables([events, pa.Table.from_pylist(
         [{"segment": 0, "rank": 0, "event": "note", "step": 99, "time": None, "payload": json.dumps({"status": "finished"})}],
         schema=events.schema)])
-    assert views.is_finished(finished)
+    assert is_finished(finished)
 
 
 def test_import_paths_cannot_leave_the_root(tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from runwatch.data.record import metrics_table
+from runwatch.data.record import metrics_table, segment_cuts
 from runwatch.data.storage import StagedWrite
 from runwatch.data.store import Store
 
@@ -85,3 +85,36 @@ def test_unknown_run_and_column_are_clear_errors(tmp_path):
             store.downsample("r", "loss; DROP TABLE x")
     with pytest.raises(ValueError, match="no such directory"):
         Store(tmp_path / "nope")
+
+
+@pytest.mark.parametrize("first, last, resumes, expected", [
+    # no resume events: a later segment replaces from its own first step
+    ({0: 0, 1: 1400}, {0: 1999, 1: 2999}, {}, {0: 1400, 1: None}),
+    # resumed from checkpoint 300, first logged step 501 (skipped batches): 301..500 are abandoned too
+    ({0: 0, 1: 501}, {0: 600, 1: 900}, {1: 300}, {0: 301, 1: None}),
+    # resumed from the last checkpoint at the segment's very end: nothing abandoned
+    ({0: 0, 1: 601}, {0: 600, 1: 900}, {1: 600}, {0: None, 1: None}),
+    # an older writer's resume event at the first step itself still cuts there, never later
+    ({0: 0, 1: 300}, {0: 600, 1: 900}, {1: 300}, {0: 300, 1: None}),
+    # the earliest later restart decides, across several segments
+    ({0: 0, 1: 401, 2: 201}, {0: 600, 1: 700, 2: 900}, {1: 400, 2: 200}, {0: 201, 1: 401, 2: None}),
+])
+def test_segment_cuts_is_the_one_main_line_rule(first, last, resumes, expected):
+    assert segment_cuts(first, last, resumes) == expected
+
+
+def test_resume_event_cuts_the_branch_at_the_checkpoint_step(tmp_path):
+    """Resume from checkpoint 300 whose first logged step is 501: steps 301-500 of segment 0 are abandoned."""
+    _segment(tmp_path, "r", 0, range(0, 600), loss=lambda s: 9.0 if s > 300 else 3.0)
+    _segment(tmp_path, "r", 1, range(501, 900))
+    with StagedWrite(tmp_path) as staged:
+        staged.add_events("r", 1, 0, [{"event": "resume", "step": 300, "checkpoint": "ck/300.pt"}])
+    with Store(tmp_path) as store:
+        segs = store.segments("r").to_pylist()
+        main, branches = store.main_line("r"), store.branches("r")
+        chart = store.downsample_columns("r", ["loss"], num_buckets=10_000)["loss"]
+    assert [(s["segment"], s["abandoned_from"]) for s in segs] == [(0, 301), (1, None)]
+    assert max(main["loss"].to_pylist()) == 3.0  # nothing of the bad branch on the main line
+    assert branches["step"].to_pylist() == list(range(301, 600))
+    main_chart = chart.filter(chart["main"])
+    assert max(main_chart["max"].to_pylist()) == 3.0
