@@ -25,7 +25,7 @@ HEALTH_COLORS = {"action needed": "red", "stalled": "violet", "error": "gray", "
 CELL_COLORS = {"red": "#f8d0cc", "violet": "#e3d5f5", "gray": "#e5e7ea", "orange": "#fde3bf", "green": "#d3f0dc",
                "blue": "#d6e6f7"}
 SEVERITY_COLORS = {"critical": "red", "warning": "orange", "info": "blue"}
-PERFORMANCE_KINDS = frozenset({"stall", "slowdown"})
+from runwatch.detectors.registry import PERFORMANCE_KINDS  # noqa: E402
 """Findings about speed, not about the model: drawn on the step-time panel only."""
 
 

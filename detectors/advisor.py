@@ -22,16 +22,10 @@ import shlex
 import numpy as np
 import pyarrow as pa
 
-from runwatch.detectors.finding import Finding, Rollback
+from runwatch.detectors.config import AdviceConfig
 from runwatch.detectors.divergence import act_growth_start
-
-HEALTH_WINDOW = 64
-"""Observations before a checkpoint that must look healthy."""
-REPLAY_BEFORE = 100
-"""Batches before the onset to start skipping (PaLM restarted ~100 steps before a spike)."""
-SKIP_AFTER = 100
-MIN_SKIP = 200
-NO_ROLLBACK_KINDS = frozenset({"stall", "slowdown"})
+from runwatch.detectors.finding import Finding, Rollback, SegmentInfo
+from runwatch.detectors.registry import NO_ROLLBACK_KINDS
 
 
 def checkpoints_from_events(events: pa.Table) -> list[dict]:
@@ -75,28 +69,28 @@ def _payload(ev: dict) -> dict:
 
 
 HEALTHY = "loss scale ok, activation norm flat, all values finite"
+CONTRACT = ("a checkpoint at step s holds the update of step s, and the first bad value at step o was made by "
+            "update o-1 (or the batch of o), so only a checkpoint before the last logged healthy step is clean")
 
 
-def _health(ckpt_step: int, main: dict[str, np.ndarray], findings: list[Finding]) -> tuple[bool, str, int | None]:
+def _health(ckpt_step: int, main: dict[str, np.ndarray], findings: list[Finding],
+            window: int) -> tuple[bool, str, int | None]:
     """OPT criteria over the observations up to the checkpoint: (healthy, why, start of an act-norm climb or None)."""
     steps = main["step"]
     upto = int(np.searchsorted(steps, ckpt_step, side="right"))
-    lo = max(0, upto - HEALTH_WINDOW)
-    window = slice(lo, upto)
+    lo = max(0, upto - window)
     for name in ("loss", "act_norm"):
-        v, present = main[name][window], main[name + "_present"][window]
+        v, present = main[name][lo:upto], main[name + "_present"][lo:upto]
         if (present & ~np.isfinite(v)).any():
             return False, f"non-finite {name} before it", None
-    scale = main["loss_scale"][window]
+    scale = main["loss_scale"][lo:upto]
     scale = scale[np.isfinite(scale)]
     if len(scale) and scale.min() < 1.0:
         return False, f"loss scale {scale.min():g} < 1 before it", None
-    first_step = int(steps[lo]) if upto > lo else ckpt_step
     for f in findings:
-        if f.kind in ("scaler_collapse", "nan", "divergence") and f.onset_step <= ckpt_step and f.end_step >= first_step:
-            return False, f"{f.kind} from step {f.onset_step} overlaps the window before it", None
-        if f.kind == "spike" and f.onset_step <= ckpt_step <= f.end_step:
-            return False, f"inside the spike from step {f.onset_step}", None
+        # Inside an incident (or at the step before its first bad value, which may hold its update).
+        if f.kind not in NO_ROLLBACK_KINDS and f.severity != "info" and f.onset_step - 1 <= ckpt_step <= f.end_step:
+            return False, f"inside the {f.kind} from step {f.onset_step}", None
     growth = _after_warmup(act_growth_start(steps, main["act_norm"], ckpt_step + 1), main)
     if growth is not None:
         return False, f"activation norm climbing since step {growth}", growth
@@ -130,12 +124,13 @@ def _position(main: dict[str, np.ndarray], name: str, step: int) -> int | None:
     return int(round(float(np.interp(step, main["step"][ok], main[name][ok]))))
 
 
-def skip_window(ckpt_step: int | None, target: Finding, main: dict[str, np.ndarray]) -> tuple[list[int], dict]:
-    a = max((ckpt_step + 1) if ckpt_step is not None else 0, target.onset_step - REPLAY_BEFORE)
+def skip_window(ckpt_step: int | None, target: Finding, main: dict[str, np.ndarray],
+                cfg: AdviceConfig) -> tuple[list[int], dict]:
+    a = max((ckpt_step + 1) if ckpt_step is not None else 0, target.onset_step - cfg.replay_before)
     # A spike's batches run to its peak; for a divergence, NaN or collapse the peak is often the last
     # step logged, and the data near the onset is what to skip (the real fix is elsewhere).
     anchor = target.peak_step if target.kind == "spike" else target.onset_step
-    b = max(anchor + SKIP_AFTER, a + MIN_SKIP - 1)
+    b = max(anchor + cfg.skip_after, a + cfg.min_skip - 1)
     extra = {}
     for name in ("samples", "tokens"):
         lo, hi = _position(main, name, a - 1), _position(main, name, b)
@@ -145,19 +140,27 @@ def skip_window(ckpt_step: int | None, target: Finding, main: dict[str, np.ndarr
 
 
 def _target(findings: list[Finding]) -> Finding | None:
+    """The earliest open finding that needs action now (recovered ones are history and do not count)."""
     actionable = [f for f in findings if f.open and f.needs_action and f.kind not in NO_ROLLBACK_KINDS]
     return min(actionable, key=lambda f: (f.onset_step, f.segment)) if actionable else None
 
 
+def _on_main_line(ckpt: dict, segments: list[SegmentInfo]) -> bool:
+    """A checkpoint saved on a branch a later resume abandoned holds a state the main line never had."""
+    seg = next((s for s in segments if s.segment == ckpt.get("segment")), None)
+    return seg is None or seg.abandoned_from is None or ckpt["step"] < seg.abandoned_from
+
+
 def _choose(checkpoints: list[dict], cutoff: int, main: dict[str, np.ndarray], findings: list[Finding],
-            present_paths: set[str] | None) -> tuple[dict | None, dict | None, list[dict], int]:
+            present_paths: set[str] | None, segments: list[SegmentInfo],
+            window: int) -> tuple[dict | None, dict | None, list[dict], int]:
     """(chosen, the better one that is gone, rejected with reasons latest first, the final cutoff step)."""
     rejected, missing = [], None
-    for ckpt in reversed([c for c in checkpoints if c["step"] < cutoff]):
+    for ckpt in reversed([c for c in checkpoints if c["step"] < cutoff and _on_main_line(c, segments)]):
         if ckpt["step"] >= cutoff:  # a climb found on a later checkpoint moved the cutoff back
             rejected.append({"step": ckpt["step"], "why": f"after the activation-norm climb from step {cutoff}"})
             continue
-        healthy, why, growth = _health(ckpt["step"], main, findings)
+        healthy, why, growth = _health(ckpt["step"], main, findings, window)
         if not healthy:
             rejected.append({"step": ckpt["step"], "why": why})
             # The climb into a rejected checkpoint began at ``growth``: a checkpoint taken after that
@@ -174,13 +177,20 @@ def _choose(checkpoints: list[dict], cutoff: int, main: dict[str, np.ndarray], f
     return None, missing, rejected, cutoff
 
 
-def _actions(target: Finding, ckpt: dict | None, skip: list[int], fp16: bool, lr: float | None) -> list[str]:
+def _actions(target: Finding, ckpt: dict | None, skip: list[int], fp16: bool) -> list[str]:
     where = f"checkpoint step {ckpt['step']} ({ckpt['path']})" if ckpt else "the earliest healthy state you have (no checkpoint qualifies)"
     actions = [f"restart from {where} and skip batches {skip[0]}-{skip[1]}"]
+    ev = target.evidence
+    ratio, before, at = ev.get("lr_ratio"), ev.get("lr_before"), ev.get("lr_at_onset")
+    if ratio and ratio >= 1.5 and before and at:
+        actions.append(f"the learning rate rose x{ratio:.3g} just before the onset ({before:.3g} -> {at:.3g}): "
+                       "restore it before resuming")
     if target.kind == "divergence":
-        lr_text = f" ({lr:.3g} -> {lr * 0.5:.3g})" if lr else ""
+        lr_text = f" ({at:.3g} -> {at * 0.5:.3g})" if at and not (ratio and ratio >= 1.5) else ""
         actions.append(f"lower the learning rate x0.5{lr_text}")
         actions.append("tighten gradient clipping (e.g. max norm 1.0 -> 0.3)")
+    if target.kind == "bad_resume":
+        actions.append("the checkpoint you resumed from already held the damage: resume from the earlier one above")
     if target.kind in ("nan", "scaler_collapse") and fp16:
         actions.append("consider BF16 instead of FP16 (the fp16 loss scale could not absorb this)")
     elif target.kind == "nan":
@@ -197,45 +207,63 @@ def resume_hint(path: str | None, skip: list[int] | None) -> str:
     return " ".join(parts)
 
 
-def _last_healthy_row(steps: np.ndarray, onset: int) -> int:
+def last_healthy_step(steps: np.ndarray, onset: int) -> int:
     """The last logged step before the onset: the latest step known healthy.
 
-    On a log written every k steps the fault began somewhere in (that row,
-    onset], so a checkpoint saved in between may already hold it. On a per-step
-    log this is onset - 1, the old rule.
+    A checkpoint must lie strictly before it (``CONTRACT``): on a per-step log
+    that is onset - 2; on a log written every k steps the fault began somewhere
+    in (that row, onset], so a checkpoint saved in between may already hold it.
     """
     i = int(np.searchsorted(steps, onset, side="left"))
     return int(steps[i - 1]) if i > 0 else onset - 1
 
 
+def _incident_onset(target: Finding, findings: list[Finding]) -> int:
+    """Where the damage began: a bad resume goes back to the incident its parent was rolled back for."""
+    if target.kind != "bad_resume":
+        return target.onset_step
+    resumed = int(target.evidence.get("resume_step", target.onset_step - 1))
+    earlier = [f.onset_step for f in findings if f.segment < target.segment and f.kind not in NO_ROLLBACK_KINDS
+               and f.severity != "info" and f.onset_step <= resumed + 1 <= f.end_step + 1]
+    return min(earlier + [resumed + 1])
+
+
 def advise(findings: list[Finding], checkpoints: list[dict], main: dict[str, np.ndarray],
-           present_paths: set[str] | None = None) -> Rollback | None:
+           present_paths: set[str] | None = None, segments: list[SegmentInfo] | None = None,
+           config: AdviceConfig | None = None) -> Rollback | None:
     """Rollback advice for the earliest open finding that needs action, or None when nothing does."""
+    cfg = config or AdviceConfig()
     target = _target(findings)
     if target is None:
         return None
-    cutoff, evidence = _last_healthy_row(main["step"], target.onset_step) + 1, {"finding": target.kind,
-                                                                                  "onset_step": target.onset_step}
+    onset = _incident_onset(target, findings)
+    healthy_step = last_healthy_step(main["step"], onset)
+    cutoff = healthy_step  # checkpoints strictly before the last healthy logged step
+    evidence = {"finding": target.kind, "onset_step": target.onset_step, "incident_onset_step": onset,
+                "last_healthy_step": healthy_step}
     growth = _after_warmup(target.evidence.get("act_norm_climb_step")
-                           or act_growth_start(main["step"], main["act_norm"], target.onset_step), main)
+                           or act_growth_start(main["step"], main["act_norm"], onset), main)
     if growth is not None and growth <= cutoff:
         cutoff, evidence["act_norm_growth_from"] = growth, growth
-    chosen, missing, rejected, walked = _choose(checkpoints, cutoff, main, findings, present_paths)
+    chosen, missing, rejected, walked = _choose(checkpoints, cutoff, main, findings, present_paths, segments or [],
+                                                cfg.health_window)
     if walked < cutoff:
         cutoff = evidence["act_norm_growth_from"] = walked
-    skip, positions = skip_window(chosen["step"] if chosen else None, target, main)
+    skip, positions = skip_window(chosen["step"] if chosen else None, target, main, cfg)
     evidence.update(positions)
     evidence["cutoff_step"] = cutoff
     evidence["rejected_checkpoints"] = rejected[:10]
+    for key in ("lr_before", "lr_at_onset", "lr_ratio"):
+        evidence[key] = target.evidence.get(key)
     fp16 = bool(np.isfinite(main["loss_scale"]).any())
-    lr = evidence["lr_at_onset"] = target.evidence.get("lr_at_onset")
-    actions = _actions(target, chosen, skip, fp16, lr)
+    actions = _actions(target, chosen, skip, fp16)
     if "act_norm_growth_from" in evidence:
         before = f"before the activation-norm growth from step {evidence['act_norm_growth_from']}"
     else:
-        before = f"before the onset at step {target.onset_step}"
+        before = f"before step {healthy_step}, the last logged step before the onset at {onset}"
     if chosen:
-        reason = f"{target.message}. Checkpoint {chosen['step']} is the latest one {before} that is retained and healthy ({HEALTHY})."
+        reason = (f"{target.message}. Checkpoint {chosen['step']} is the latest one {before} that is retained and "
+                  f"healthy ({HEALTHY}); {CONTRACT}.")
         evidence["resume_hint"] = resume_hint(chosen["path"], skip)
     else:
         reason = f"{target.message}. No retained, healthy checkpoint exists {before}."

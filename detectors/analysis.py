@@ -1,9 +1,10 @@
 """analyze(): every detector over every segment, then segments, open alarms, health and rollback advice.
 
 This is the one entry point the CLI, the dashboard and the evaluation call:
-``analyze(Store.rows(run, rank=0), Store.events(run), now)``. Each segment is
-judged on its own rows (findings carry their segment); a finding on an
-abandoned branch, or one a rollback already answered, is history (open=False).
+``analyze(Store.rows(run, rank=0), Store.events(run), now, meta=Store.meta(run))``.
+Each segment is judged on its own rows (a resumed segment starting from its
+parent's baseline at the resume step); a finding on an abandoned branch, or
+one a rollback already answered, is history (open=False).
 """
 
 from __future__ import annotations
@@ -18,20 +19,13 @@ import pyarrow as pa
 
 from runwatch.data.record import resume_steps_of
 from runwatch.detectors.advisor import advise, checkpoints_from_events
+from runwatch.detectors.config import DEFAULT, DetectorConfig
 from runwatch.detectors.finding import Finding, Rollback, SegmentInfo, clean_json
 from runwatch.detectors.segment_scan import SegmentDetectors
-from runwatch.detectors.segments import main_line, segment_infos, split_segments
-from runwatch.detectors.spike import SHORT_SPIKE
+from runwatch.detectors.segments import main_line, parent_history, segment_infos, split_segments
 from runwatch.detectors.stall import live_stall
 
-DIVERGED_GRAD_RATIO = 1.5
-"""Median gradient norm over an unrecovered spike, relative to before it, that makes it a divergence."""
-DIVERGED_LR_RATIO = 1.5
-"""Learning rate over an unrecovered spike, relative to before it, that makes it a divergence."""
-RECENT_OBSERVATIONS = 100
-RECENT_FRACTION = 0.05
-"""A finding that needs no action stays 'open' (health: watching) while it ended within the last
-max(100 observations, 5% of the main line); after that it is history."""
+LOSS_KINDS = ("spike", "divergence")
 
 
 @dataclass(frozen=True)
@@ -64,23 +58,23 @@ def checkpoint_seconds(checkpoints: list[dict]) -> dict[int, float]:
     return out
 
 
-def _diverged(f: Finding) -> bool:
+def _diverged(f: Finding, cfg: DetectorConfig) -> bool:
     """An unrecovered loss jump with gradient norms still up, or under a raised learning rate."""
     if f.kind != "spike" or f.evidence.get("blip"):
         return False
-    if f.evidence.get("lr_still_raised") and f.evidence.get("observations_out_of_band", 0) > SHORT_SPIKE:
-        return True  # the loss may have come partly back, but the raised LR that threw it is still there
+    if f.evidence.get("lr_still_raised") and f.self_recovered is not True:
+        return True  # the raised LR that threw it is still there: the fix is the LR
     if f.self_recovered is not False:
         return False
     grad, lr = f.evidence.get("grad_norm_ratio") or 0.0, f.evidence.get("lr_ratio") or 0.0
-    return grad >= DIVERGED_GRAD_RATIO or lr >= DIVERGED_LR_RATIO
+    return grad >= cfg.divergence.diverged_grad_ratio or lr >= cfg.divergence.diverged_lr_ratio
 
 
-def _as_divergence(f: Finding) -> Finding:
+def _as_divergence(f: Finding, cfg: DetectorConfig) -> Finding:
     """The fix for such a jump is the learning rate, not a data skip alone: call it a divergence."""
     grad, lr = f.evidence.get("grad_norm_ratio"), f.evidence.get("lr_ratio")
-    why = [f"gradient norm x{grad:.2g}" for _ in [0] if grad and grad >= DIVERGED_GRAD_RATIO]
-    why += [f"learning rate x{lr:.2g}" for _ in [0] if lr and lr >= DIVERGED_LR_RATIO]
+    why = [f"gradient norm x{grad:.2g}" for _ in [0] if grad and grad >= cfg.divergence.diverged_grad_ratio]
+    why += [f"learning rate x{lr:.2g}" for _ in [0] if lr and lr >= cfg.divergence.diverged_lr_ratio]
     message = (f"loss diverged from step {f.onset_step}: jumped {f.evidence['baseline_loss']:.4g} -> "
                f"{f.evidence['peak_loss']:.4g} and stayed up ({', '.join(why)})")
     if f.evidence.get("lr_still_raised"):
@@ -89,24 +83,26 @@ def _as_divergence(f: Finding) -> Finding:
                                severity="critical", evidence={**f.evidence, "from_spike": True})
 
 
-def _overlaps(a: Finding, b: Finding) -> bool:
-    return a.segment == b.segment and a.onset_step <= b.end_step and a.end_step >= a.onset_step and b.end_step >= a.onset_step
+def overlaps(a: Finding, b: Finding) -> bool:
+    """Same segment and intersecting step ranges."""
+    return a.segment == b.segment and a.onset_step <= b.end_step and b.onset_step <= a.end_step
 
 
-def merge_overlaps(findings: list[Finding]) -> list[Finding]:
+def merge_overlaps(findings: list[Finding], cfg: DetectorConfig = DEFAULT) -> list[Finding]:
     """One incident, one finding.
 
-    An unrecovered spike with gradient norms still ``DIVERGED_GRAD_RATIO`` x up,
-    or under a learning rate raised ``DIVERGED_LR_RATIO`` x, is a divergence. Overlapping unrecovered loss findings in a segment merge
-    into the divergence with the earliest onset; a 'divergence' that came back
-    down inside a spike was that spike. A NaN after a divergence stays its own
-    finding: it changes the advice (BF16, data) and marks the point of no return.
+    An unrecovered spike with gradient norms still ``diverged_grad_ratio`` x up,
+    or under a learning rate raised ``diverged_lr_ratio`` x, is a divergence.
+    Unrecovered loss findings that overlap a divergence merge into it (earliest
+    onset); a 'divergence' that came back down inside a spike was that spike.
+    A NaN after a divergence stays its own finding: it changes the advice
+    (BF16, data) and marks the point of no return.
     """
-    out = [_as_divergence(f) if _diverged(f) else f for f in findings]
+    out = [_as_divergence(f, cfg) if _diverged(f, cfg) else f for f in findings]
     for d in sorted([f for f in out if f.kind == "divergence"], key=lambda f: f.onset_step):
         if d not in out:
             continue
-        others = [o for o in out if o is not d and o.kind in ("spike", "divergence") and _overlaps(d, o)]
+        others = [o for o in out if o is not d and o.kind in LOSS_KINDS and overlaps(d, o)]
         if d.self_recovered:
             if any(o.kind == "spike" for o in others):
                 out.remove(d)
@@ -120,10 +116,11 @@ def merge_overlaps(findings: list[Finding]) -> list[Finding]:
     return out
 
 
-def mark_open(findings: list[Finding], segments: list[SegmentInfo], main_steps: np.ndarray) -> list[Finding]:
-    """History vs alarm: abandoned branches and rolled-back incidents are closed; blips close when old."""
+def mark_open(findings: list[Finding], segments: list[SegmentInfo], main_steps: np.ndarray,
+              cfg: DetectorConfig = DEFAULT) -> list[Finding]:
+    """History vs alarm: abandoned branches and rolled-back incidents are closed; recovered ones close when old."""
     by_seg = {s.segment: s for s in segments}
-    recent = max(RECENT_OBSERVATIONS, int(RECENT_FRACTION * len(main_steps)))
+    recent = max(cfg.advice.recent_obs, int(cfg.advice.recent_fraction * len(main_steps)))
     recent_from = int(main_steps[max(0, len(main_steps) - recent)]) if len(main_steps) else 0
     out = []
     for f in findings:
@@ -140,39 +137,47 @@ def health_of(findings: list[Finding]) -> str:
         return "action needed"
     if any(f.kind == "stall" and f.evidence.get("live") for f in open_):
         return "stalled"
-    return "watching" if open_ else "healthy"
+    # Info annotations (a bad batch that came straight back) are not a reason to watch.
+    return "watching" if any(f.severity != "info" for f in open_) else "healthy"
 
 
 def assemble(raw: list[Finding], segments: list[SegmentInfo], main: dict[str, np.ndarray], checkpoints: list[dict],
-             now: float | None, present_paths: set[str] | None) -> Report:
+             now: float | None, present_paths: set[str] | None, cfg: DetectorConfig = DEFAULT) -> Report:
     """Everything after the per-segment detectors; shared by offline and streaming analysis."""
-    findings = merge_overlaps(raw)
+    findings = merge_overlaps(raw, cfg)
     if now is not None and segments:
-        stall = live_stall(main["step"], main["time"], now, segments[-1].segment)
+        stall = live_stall(main["step"], main["time"], now, segments[-1].segment, cfg.stall)
         if stall is not None:
             findings.append(stall)
-    findings = mark_open(findings, segments, main["step"])
+    findings = mark_open(findings, segments, main["step"], cfg)
     findings.sort(key=lambda f: (f.onset_step, f.segment, f.kind))
-    rollback = advise(findings, checkpoints, main, present_paths)
+    rollback = advise(findings, checkpoints, main, present_paths, segments, cfg.advice)
     return Report(findings=findings, segments=segments, rollback=rollback, health=health_of(findings))
 
 
 def analyze(rows: pa.Table, events: pa.Table | None = None, now: float | None = None,
-            present_paths: set[str] | None = None) -> Report:
+            present_paths: set[str] | None = None, *, meta: dict | None = None,
+            config: DetectorConfig | None = None) -> Report:
     """Judge one run (one rank): ``rows`` = ``Store.rows(run, rank=0)``, ``events`` = ``Store.events(run)``.
 
     ``now`` (unix seconds) enables the live-stall check; leave it None for an
     archived run. ``present_paths``: checkpoint paths known to exist on disk
-    (None: do not check).
+    (None: do not check). ``meta``: the run's ``run.json`` (the scaler's
+    parameters). ``config``: thresholds (default: the calibrated ones).
     """
     if "step" not in rows.column_names:
         raise ValueError("rows have no 'step' column (expected Store.rows(run))")
+    cfg = config or DEFAULT
     checkpoints = checkpoints_from_events(events)
     seconds = checkpoint_seconds(checkpoints)
+    resumes = resume_steps_of(events.to_pylist() if events is not None else [])
+    cols = split_segments(rows)
     raw: list[Finding] = []
-    for segment, cols in split_segments(rows).items():
-        scan = SegmentDetectors(segment, seconds)
-        scan.advance(cols)
+    for segment in sorted(cols):
+        history, resume_step = parent_history(segment, int(cols[segment]["step"][0]), cols, resumes.get(segment), raw)
+        scan = SegmentDetectors(segment, cfg, meta=meta, checkpoint_seconds=seconds, history=history,
+                                resume_step=resume_step)
+        scan.advance(cols[segment])
         raw.extend(scan.findings())
-    infos = segment_infos(rows, resume_steps_of(events.to_pylist() if events is not None else []))
-    return assemble(raw, infos, main_line(rows, infos), checkpoints, now, present_paths)
+    infos = segment_infos(rows, resumes)
+    return assemble(raw, infos, main_line(rows, infos), checkpoints, now, present_paths, cfg)

@@ -9,7 +9,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
-KINDS: tuple[str, ...] = ("spike", "divergence", "scaler_collapse", "nan", "stall", "slowdown")
+from runwatch.detectors.registry import KINDS
+
 SEVERITIES: tuple[str, ...] = ("info", "warning", "critical")
 
 
@@ -31,7 +32,7 @@ class Finding:
     """One problem a detector saw in one segment's series."""
 
     kind: str
-    """One of ``KINDS``."""
+    """One of ``KINDS`` (the registry's)."""
     onset_step: int
     """First step of the excursion (not the step where a threshold was crossed)."""
     end_step: int

@@ -13,24 +13,25 @@ from __future__ import annotations
 import numpy as np
 
 from runwatch.detectors.finding import Finding
+from runwatch.detectors.scanner import Observations, ScanContext
 
 SIGNALS: tuple[str, ...] = ("loss", "grad_norm", "act_norm")
 
 
 class NanScanner:
-    """Incremental: remembers the first and last non-finite observation of each signal."""
+    """Incremental over every row: remembers the first and last non-finite observation of each signal."""
 
-    def __init__(self, segment: int = 0) -> None:
-        self.segment = segment
+    def __init__(self, ctx: ScanContext) -> None:
+        self.segment = ctx.segment
         self.pos = 0
         self.first: dict[str, int] = {}
         self.last: dict[str, int] = {}
         self.counts: dict[str, int] = {name: 0 for name in SIGNALS}
 
-    def advance(self, bad: dict[str, np.ndarray]) -> None:
-        """``bad[signal]`` marks the *new* rows whose value was logged and is not finite (scaler skips removed)."""
-        lo = self.pos
-        n = lo + len(bad["loss"])
+    def advance(self, obs: Observations) -> None:
+        """``obs['bad_<signal>']`` marks the rows whose value was logged and is not finite (scaler skips removed)."""
+        lo, n = self.pos, len(obs["step"])
+        bad = {name: obs["bad_" + name][lo:n] for name in SIGNALS}
         for name in SIGNALS:
             hits = np.flatnonzero(bad[name])
             if len(hits):
@@ -39,9 +40,12 @@ class NanScanner:
                 self.counts[name] += len(hits)
         self.pos = n
 
-    def findings(self, steps: np.ndarray, loss_finite_after: bool) -> list[Finding]:
+    def findings(self, obs: Observations) -> list[Finding]:
         if not self.first:
             return []
+        steps = obs["step"]
+        logged = obs["loss"][obs["loss_present"]]
+        loss_finite_after = not len(logged) or bool(np.isfinite(logged[-1]))
         onset = min(self.first.values())
         firsts = sorted(name for name, i in self.first.items() if i == onset)
         last = max(self.last.values())
@@ -52,7 +56,7 @@ class NanScanner:
         message = (f"non-finite {which} at step {int(steps[onset])}"
                    + (f" (then {', '.join(f'{k} at {v}' for k, v in later.items())})" if later else "")
                    + ("; finite again afterwards" if recovered else "; still not finite at the last step"))
-        evidence = {"first_signal": firsts[0] if len(firsts) == 1 else "both", "first_signals": firsts,
+        evidence = {"detected_step": int(steps[onset]), "first_signal": firsts[0] if len(firsts) == 1 else "both", "first_signals": firsts,
                     "first_step": {name: int(steps[i]) for name, i in sorted(self.first.items(), key=lambda kv: kv[1])},
                     "num_nonfinite": {k: v for k, v in self.counts.items() if v}}
         return [Finding(kind="nan", onset_step=int(steps[onset]), end_step=int(steps[last]),
@@ -71,7 +75,12 @@ def nonfinite_masks(loss: np.ndarray, grad: np.ndarray, act: np.ndarray, loss_pr
 
 
 def detect_nan(steps: np.ndarray, bad: dict[str, np.ndarray], loss_finite_after: bool, segment: int = 0) -> list[Finding]:
-    """Offline: the first non-finite episode of one segment."""
-    scanner = NanScanner(segment)
-    scanner.advance(bad)
-    return scanner.findings(np.asarray(steps), loss_finite_after)
+    """Offline: the first non-finite episode of one segment (``bad``: masks as ``nonfinite_masks`` makes them)."""
+    from runwatch.detectors.config import DEFAULT
+
+    steps = np.asarray(steps, dtype=np.int64)
+    obs = {"step": steps, **{"bad_" + k: np.asarray(v, bool) for k, v in bad.items()},
+           "loss": np.array([0.0 if loss_finite_after else np.nan]), "loss_present": np.ones(1, bool)}
+    scanner = NanScanner(ScanContext(segment=segment, config=DEFAULT))
+    scanner.advance(obs)
+    return scanner.findings(obs)

@@ -1,17 +1,27 @@
-"""fp16 loss-scale collapse: a burst of consecutive halvings, or the scale falling below a floor.
+"""fp16 loss-scale collapse: the scaler skipping steps far above its own healthy rate, or its scale under 1.
 
-Dynamic loss scaling backs off on every overflow and grows back after a clean
-stretch; an overflow every few hundred steps followed by regrowth (DeepSpeed's
-65536 -> 32768 sawtooth) is the scaler working. Also normal: the start-up
-calibration, when the scale drops from its initial guess before it ever grew
-(a chain starting within ``CALIBRATION_OBS`` observations of the segment start).
-A finding is a *chain* of decreases without any growth in between, each within
-``CHAIN_GAP`` observations (and steps, unless on the next logged row) of the previous one, that halves the scale at least
-``MIN_HALVINGS`` times (16x); or any scale under ``FLOOR`` (OPT: healthy means
->= 1; "crashing to 0" is the signature). A burst is self-recovered once the
-scale grows back to within ``RECOVERED_WITHIN`` halvings of where it was; one
-that stays down for ``RECOVERY_WINDOW`` observations after its last halving,
-or any scale under the floor, needs action.
+Dynamic loss scaling halves the scale on an overflow (the step is skipped)
+and doubles it after ``growth_interval`` clean steps, so a healthy fp16 run
+skips about one step per growth interval: the sawtooth. A collapse is a skip
+rate far above that, judged with a Bernoulli CUSUM of the skip indicator
+(../shared/DETECTION.md, section 6): the healthy rate p0 = 1 / growth_interval
+(from ``run.json``, else the config's default) against a collapse rate p1 =
+``skip_rate``; each skipped step adds log(p1 / p0), each clean step
+log((1 - p1) / (1 - p0)); an alarm at ``skip_h``. The skip indicator is the
+logged ``found_inf`` (overflow logs such as DeepSpeed's print every skip, so the
+steps between two flagged rows ran clean), else a decrease of the logged scale
+(log2 of the ratio skips, somewhere in the interval). Every step skipped at a
+pinned minimum (DeepSpeed's "Attempted loss scale: 1, reducing to 1") is the
+limit case: no halving, the scale never under 1, and still a collapse. A scale
+under ``floor`` is one too.
+
+Start-up calibration, the scale halving down from its initial value before it
+ever grew in the first ``calibration_steps`` training steps, is the scaler
+finding its level: a property of the scale and of the step number, not of the
+row index, so a log excerpt that starts late is judged in full. A collapse is
+over when the sum is back at 0 and the scale grew back to within
+2^``recovered_within`` of where it was; one still skipping at the last step,
+under the floor, or not over ``patience_steps`` after its last skip needs action.
 """
 
 from __future__ import annotations
@@ -20,130 +30,268 @@ import math
 
 import numpy as np
 
+from runwatch.detectors.core import Grow, cusum
 from runwatch.detectors.finding import Finding
-
-FLOOR = 1.0
-CALIBRATION_OBS = 50
-"""Decreases before the scale ever grew, starting in the first 50 observations, are start-up calibration."""
-MIN_HALVINGS = 4.0
-CHAIN_GAP = 25
-"""Observations between two decreases that still make them one burst."""
-RECOVERY_WINDOW = 200
-RECOVERED_WITHIN = 4
-"""Back within 2**4 (16x) of the scale before the burst: recovered. One regrowth from 8 to 16 is not."""
+from runwatch.detectors.scanner import Observations, ScanContext
 
 
 class ScalerScanner:
-    """Incremental over the loss-scale observations of one segment (rows where it was logged)."""
+    """Incremental over the rows of one segment where the loss scale or the skip flag was logged."""
 
-    def __init__(self, segment: int = 0) -> None:
-        self.segment = segment
+    def __init__(self, ctx: ScanContext) -> None:
+        self.ctx, self.cfg = ctx, ctx.config.scaler
+        scaler = ctx.meta.get("scaler") if isinstance(ctx.meta.get("scaler"), dict) else {}
+        known = scaler.get("growth_interval")
+        # The growth interval sets the healthy skip rate: the run's metadata says it, or its own sawtooth
+        # shows it (the steps a regrowth took per doubling, the shortest seen so far), else the default.
+        self.interval = float(known) if known else float(self.cfg.growth_interval)
+        self.learn_interval = not known
+        self.last_drop_step: int | None = None
         self.pos = 0
+        self.prev_step: int | None = None  # the last row judged
+        self.prev_scale = math.nan  # the last logged scale
         self.grew = False  # the scale has grown once: calibration is over
-        self.chain: dict | None = None  # current run of decreases
-        self._steps: np.ndarray | None = None
-        self.closed: list[tuple[dict, int, bool | None]] = []
+        self.s = 0.0
+        self.cp: int | None = None  # first skipped row since the sum was last 0 (None: none yet)
+        self.episode: dict | None = None
+        self.closed: list[dict] = []
+        self.all_skips = Grow()  # skipped steps on every row so far
+        self.chain: dict | None = None  # the halving chain in progress
+        self.chain_closed: list[dict] = []
+        self.chain_prev, self.chain_grew = math.nan, False
 
-    def advance(self, scale: np.ndarray, steps: np.ndarray | None = None) -> None:
-        """``steps`` (the step of each observation, optional) keeps the chain gap in training steps too."""
-        n = len(scale)
-        self._steps = steps
-        lo = self.pos
+    def advance(self, obs: Observations) -> None:
+        steps, scale = obs["step"], obs["loss_scale"]
+        n, lo = len(steps), self.pos
         if n <= lo:
             return
-        start = max(lo, 1)
-        if lo == 0 and n and scale[0] < FLOOR:
-            self._decrease(0, scale)
+        skips, grew_at, interval = self._skips(lo, n, obs)
+        self.all_skips.extend(skips)
+        self._chains(lo, n, steps, scale)
+        prev = np.concatenate([[self.prev_step if self.prev_step is not None else int(steps[lo]) - 1], steps[lo:n - 1]])
+        span = np.maximum(steps[lo:n] - prev, 1)
+        p0, p1 = np.minimum(1.0 / interval, self.cfg.skip_rate / 2), self.cfg.skip_rate
+        inc = skips * np.log(p1 / p0) + (span - skips) * np.log((1 - p1) / (1 - p0))
+        calibrating = (np.arange(lo, n) < grew_at) & (steps[lo:n] < self.cfg.calibration_steps)
+        inc = np.where(calibrating, np.minimum(inc, 0.0), inc)  # the opening calibration skips by design
+        s, zero = cusum(inc, self.s, -1, lo)
+        cp = self._change_points(s, zero, skips, lo)
+        self._episodes(lo, n, s, cp, skips, steps, scale)
+        self.s, self.prev_step, self.pos = float(s[-1]), int(steps[n - 1]), n
+
+    def _chains(self, lo: int, n: int, steps: np.ndarray, scale: np.ndarray) -> None:
+        """Halving chains: decreases of the logged scale with no growth in between (walks changed rows only)."""
+        rows = lo + np.flatnonzero(np.isfinite(scale[lo:n]))
+        if not len(rows):
+            return
+        vals = scale[rows]
+        prev = np.concatenate([[self.chain_prev], vals[:-1]])
+        if math.isnan(self.chain_prev) and vals[0] < self.cfg.floor:  # a log that starts under the floor
+            prev[0] = self.cfg.floor
         with np.errstate(invalid="ignore"):
-            changes = np.flatnonzero(scale[start:n] != scale[start - 1:n - 1]) + start if n > start else np.array([], int)
-        for i in changes.tolist():
-            self._settle(i, scale)
-            if scale[i] > scale[i - 1]:
-                self.grew = True
-                if self.chain is not None:
-                    self._close_on_growth(i, scale)
-            elif scale[i] < scale[i - 1]:
-                self._decrease(i, scale)
-        self._settle(n, scale)
-        self.pos = n
+            changed = np.flatnonzero((vals != prev) & np.isfinite(prev))
+        for k in changed.tolist():
+            i, before, now = int(rows[k]), float(prev[k]), float(vals[k])
+            ch = self.chain
+            if now > before:  # growth ends a chain (a burst that regrew near its start is over)
+                self.chain_grew = True
+                if ch is not None and ch["halvings"] >= self.cfg.min_halvings and not ch["calibration"]:
+                    if now >= ch["before"] / 2.0 ** self.cfg.recovered_within:
+                        ch["end"] = ch["last_skip"]
+                        self.chain_closed.append(ch)
+                        self.chain = None
+                elif ch is not None:
+                    self.chain = None
+                continue
+            if ch is None:
+                ch = self.chain = {"first": i, "last_skip": i, "min": now, "min_i": i, "before": before,
+                                   "num_skipped": 0.0, "halvings": 0.0,
+                                   "calibration": not self.chain_grew and int(steps[i]) < self.cfg.calibration_steps}
+            ch["last_skip"] = i
+            ch["halvings"] = math.log2(ch["before"] / now) if now > 0 and ch["before"] > 0 else math.inf
+            if "alarm" not in ch and ch["halvings"] >= self.cfg.min_halvings and not ch["calibration"]:
+                ch["alarm"], ch["first"] = i, self._onset(ch["first"], i, steps)
+            ch["num_skipped"] += max(round(math.log2(before / now)), 1) if now > 0 and before > 0 else 1
+            if now < ch["min"]:
+                ch["min"], ch["min_i"] = now, i
+        self.chain_prev = float(vals[-1])
 
-    def _decrease(self, i: int, scale: np.ndarray) -> None:
-        prev = float(scale[i - 1]) if i > 0 else float(scale[i])
-        halvings = (math.log2(prev / scale[i]) if scale[i] > 0 else math.inf) if i > 0 else 0.0
-        ch = self.chain
-        # A chain goes on while it has not regrown; a long quiet gap breaks it unless it is already a burst.
-        if ch is not None and not _is_burst(ch) and self._gap(ch["last"], i) > CHAIN_GAP:
-            self.chain = ch = None
-        if ch is None:
-            ch = self.chain = {"first": i, "last": i, "halvings": 0.0, "before": prev,
-                               "calibration": not self.grew and i < CALIBRATION_OBS, "min_i": i, "min": math.inf}
-        ch["last"], ch["halvings"] = i, ch["halvings"] + halvings
-        if not scale[i] >= ch["min"]:
-            ch["min_i"], ch["min"] = i, float(scale[i])
+    def _skips(self, lo: int, n: int, obs: Observations) -> tuple[np.ndarray, int, np.ndarray]:
+        """Skipped steps on each row (the flag, else the halvings of the logged scale), the first growth row,
+        and the growth interval in force at each row."""
+        scale = obs["loss_scale"][lo:n]
+        known = np.concatenate([[self.prev_scale], scale])
+        idx = np.maximum.accumulate(np.where(np.isfinite(known), np.arange(len(known)), 0))
+        before = known[idx][:-1]  # the last logged scale before each row
+        with np.errstate(invalid="ignore", divide="ignore"):
+            ratio = np.where((scale > 0) & (before > 0), before / np.where(scale > 0, scale, 1.0), 2.0)
+            halvings = np.where(np.isfinite(scale) & np.isfinite(before) & (scale < before),
+                                np.clip(np.round(np.log2(ratio)), 1.0, 1e6), 0.0)
+            grown = np.flatnonzero(np.isfinite(scale) & np.isfinite(before) & (scale > before) & (before > 0))
+        flagged = obs["found_inf_present"][lo:n]
+        skips = np.where(flagged, obs["found_inf"][lo:n].astype(np.float64), halvings)
+        grew_at = lo if self.grew else (lo + int(grown[0]) if len(grown) else n)
+        self.grew = self.grew or bool(len(grown))
+        interval = np.full(n - lo, self.interval)
+        steps = obs["step"]
+        drops = set((lo + np.flatnonzero(skips > 0)).tolist())
+        grows = set((lo + grown).tolist())
+        for i in sorted(drops | grows):
+            # A row that shows the scale grew (and, on an overflow log, skipped again): the growth came first.
+            if i in grows and self.learn_interval and self.last_drop_step is not None:
+                doublings = max(math.log2(float(scale[i - lo] / before[i - lo])), 1.0)
+                estimate = (int(steps[i]) - self.last_drop_step) / doublings
+                if 1.0 <= estimate < self.interval:
+                    self.interval = estimate
+                    interval[i - lo + 1:] = estimate  # in force from the next row on
+            if i in drops:
+                self.last_drop_step = int(steps[i])
+        if np.isfinite(scale).any():
+            self.prev_scale = float(scale[np.isfinite(scale)][-1])
+        return skips, grew_at, interval
 
-    def _gap(self, last: int, i: int) -> int:
-        """Quiet observations between two decreases; on a log written every k steps, in steps (a chain
-        gap of 25 observations would be 25k steps, in which a scaler with a long growth interval backs
-        off now and then without collapsing), except that decreases on neighbouring rows always chain."""
-        steps = self._steps
-        if steps is None or i - last <= 1:
-            return i - last
-        return max(i - last, int(steps[i] - steps[last]))
+    def _change_points(self, s: np.ndarray, zero: np.ndarray, skips: np.ndarray, lo: int) -> np.ndarray:
+        """The first skipped row after the sum was last 0, at every row (the CUSUM's change-point estimate)."""
+        cp = np.where(zero >= 0, np.minimum(zero + 1, lo + len(s) - 1), -1)
+        pending = self.cp if self.cp is not None else lo
+        cp = np.where(zero >= 0, cp, pending)
+        if s[-1] <= 0.0:
+            self.cp = None
+        else:
+            self.cp = int(cp[-1])
+        return cp
 
-    def _close_on_growth(self, i: int, scale: np.ndarray) -> None:
-        """Growth ends an ordinary chain; a burst ends only once the scale is back near where it was."""
-        ch = self.chain
-        if not _is_burst(ch):
-            self.chain = None
-        elif scale[i] >= ch["before"] / 2.0 ** RECOVERED_WITHIN:
-            self._finish(ch, i - 1, True)
+    def _episodes(self, lo: int, n: int, s: np.ndarray, cp: np.ndarray, skips: np.ndarray, steps: np.ndarray,
+                  scale: np.ndarray) -> None:
+        p, within = lo, 2.0 ** self.cfg.recovered_within
+        while p < n:
+            ep = self.episode
+            if ep is None:
+                hits = np.flatnonzero(s[p - lo:] > self.cfg.skip_h)
+                if not len(hits):
+                    return
+                p += int(hits[0])
+                first = self._onset(int(cp[p - lo]), p, steps)
+                prior = scale[:first]
+                prior = prior[np.isfinite(prior)]
+                ep = self.episode = {"first": first, "last_skip": first, "min": math.inf, "min_i": first,
+                                     "before": float(prior[-1]) if len(prior) else math.nan, "num_skipped": 0.0}
+                self._absorb(ep, first, p, scale)
+            x = scale[p:n]
+            low = np.isfinite(x) & np.isfinite(ep["before"]) & (x < ep["before"] / within)
+            done = np.flatnonzero((s[p - lo:] <= 0.0) & ~low)
+            stop = p + int(done[0]) if len(done) else n
+            self._absorb(ep, p, stop, scale)
+            if not len(done):
+                return
+            ep["end"] = ep["last_skip"]
+            self.closed.append(ep)
+            self.episode = None
+            p = stop + 1
 
-    def _settle(self, i: int, scale: np.ndarray) -> None:
-        """Close a chain that had ``RECOVERY_WINDOW`` observations to regrow and did not."""
-        ch = self.chain
-        if ch is not None and i > ch["last"] + RECOVERY_WINDOW:
-            self._finish(ch, ch["last"] + RECOVERY_WINDOW, False)
+    def _onset(self, zero_next: int, alarm: int, steps: np.ndarray) -> int:
+        """The maximum-likelihood change point between the CUSUM's last zero and the alarm.
 
-    def _finish(self, ch: dict, end: int, recovered: bool | None) -> None:
-        self.chain = None
-        if _is_burst(ch):
-            self.closed.append((ch, end, recovered))
+        The CUSUM's own estimate (the first skip after its last zero) assumes the
+        collapse rate p1; a real collapse skips far more often, and an ordinary
+        backoff shortly before it would pull the onset early. With the rate after
+        the change estimated from the data (p = k/m: k skips in the m steps from a
+        candidate row to the alarm), the onset is the skipped row that maximises
+        k log(p/p0) + (m - k) log((1 - p)/(1 - p0)).
+        """
+        rows = np.arange(zero_next, alarm + 1)
+        skips = self.all_skips.view[zero_next:alarm + 1]
+        cand = rows[skips > 0]
+        if len(cand) <= 1:
+            return int(cand[0]) if len(cand) else zero_next
+        k = np.cumsum(skips[::-1])[::-1][skips > 0]  # skips from each candidate to the alarm
+        prev = np.where(cand > 0, steps[np.maximum(cand - 1, 0)], steps[cand] - 1)
+        m = np.maximum(steps[alarm] - prev, k)
+        p0 = min(1.0 / self.interval, self.cfg.skip_rate / 2)
+        p = np.clip(k / m, p0, 1 - 1e-12)
+        llr = k * np.log(p / p0) + (m - k) * np.log((1 - p) / (1 - p0))
+        return int(cand[int(np.argmax(llr))])
 
-    def findings(self, steps: np.ndarray, scale: np.ndarray) -> list[Finding]:
-        items = list(self.closed)
-        if self.chain is not None:
-            items.append((self.chain, len(scale) - 1, None))
-        out = [classify(ch, end, rec, steps, scale, self.segment) for ch, end, rec in items]
-        return [f for f in out if f is not None]
+    def _absorb(self, ep: dict, a: int, b: int, scale: np.ndarray) -> None:
+        """Count rows a..b-1 into the episode."""
+        if b <= a:
+            return
+        skips = self.all_skips.view[a:b]
+        hit = np.flatnonzero(skips > 0)
+        if len(hit):
+            ep["last_skip"] = a + int(hit[-1])
+            ep["num_skipped"] += float(skips.sum())
+        x = scale[a:b]
+        if np.isfinite(x).any():
+            k = int(np.nanargmin(np.where(np.isfinite(x), x, np.nan)))
+            if x[k] < ep["min"]:
+                ep["min"], ep["min_i"] = float(x[k]), a + k
+
+    def findings(self, obs: Observations) -> list[Finding]:
+        steps, scale = obs["step"], obs["loss_scale"]
+        items = [(ep, True) for ep in self.closed + self.chain_closed]
+        items += [(ep, None) for ep in (self.episode, self.chain) if ep is not None and self._counts(ep)]
+        items = [(ep, rec) for ep, rec in items if self._counts(ep)]
+        items.sort(key=lambda it: it[0]["first"])
+        merged: list[tuple[dict, bool | None]] = []
+        for ep, rec in items:  # one incident, one finding: a skip burst and its halving chain overlap
+            if merged and ep["first"] <= merged[-1][0].get("end", len(steps) - 1) + 1:
+                prev, prev_rec = merged.pop()
+                both = {**prev, "first": min(prev["first"], ep["first"]), "last_skip": max(prev["last_skip"], ep["last_skip"]),
+                        "num_skipped": max(prev["num_skipped"], ep["num_skipped"])}
+                if ep["min"] < prev["min"]:
+                    both["min"], both["min_i"] = ep["min"], ep["min_i"]
+                if "end" in prev or "end" in ep:
+                    both["end"] = max(prev.get("end", -1), ep.get("end", -1))
+                if rec is None or prev_rec is None:
+                    both.pop("end", None)
+                merged.append((both, None if None in (rec, prev_rec) else True))
+            else:
+                merged.append((ep, rec))
+        out = [self._classify(ep, rec, obs) for ep, rec in merged]
+        return out
+
+    def _counts(self, ep: dict) -> bool:
+        """A skip burst always counts; a halving chain once it fell 2^min_halvings (outside calibration)."""
+        if "calibration" not in ep:
+            return True
+        return ep["min"] < self.cfg.floor or (ep["halvings"] >= self.cfg.min_halvings and not ep["calibration"])
+
+    def _classify(self, ep: dict, recovered: bool | None, obs: Observations) -> Finding:
+        steps, cfg, n = obs["step"], self.cfg, len(obs["step"])
+        low, before = ep["min"], ep["before"]
+        below = low < cfg.floor
+        end = ep.get("end", n - 1)
+        still_skipping = recovered is None and ep["last_skip"] >= n - 2
+        if recovered is None and (below or still_skipping or int(steps[n - 1]) - int(steps[ep["last_skip"]]) > cfg.patience_steps):
+            recovered = False
+        needs = recovered is False
+        halvings = math.log2(before / low) if math.isfinite(low) and math.isfinite(before) and 0 < low < before else 0.0
+        evidence = {"scale_before": before if math.isfinite(before) else None,
+                    "scale_min": low if math.isfinite(low) else None, "halvings": halvings,
+                    "num_skipped": int(ep["num_skipped"]), "below_floor": below, "floor": cfg.floor,
+                    "still_skipping": still_skipping, "detected_step": int(steps[min(ep["first"], n - 1)])}
+        state = {True: "the scaler is back to normal", False: "it did not recover", None: "not recovered yet"}[recovered]
+        scales = f"{before:g} -> {low:g}, " if math.isfinite(low) and math.isfinite(before) else ""
+        pinned = "every step skipped at the minimum scale, " if still_skipping and halvings < 1 else ""
+        message = (f"loss scale collapsed from step {int(steps[ep['first']])}: {scales}{pinned}"
+                   f"{int(ep['num_skipped'])} steps skipped{', below the floor of 1' if below else ''}; {state}")
+        return Finding(kind="scaler_collapse", onset_step=int(steps[ep["first"]]),
+                       end_step=int(steps[min(end, n - 1)]), peak_step=int(steps[min(ep["min_i"], n - 1)]),
+                       segment=self.ctx.segment, severity="critical" if needs else "warning",
+                       self_recovered=recovered, needs_action=needs, evidence=evidence, message=message)
 
 
-def _is_burst(ch: dict) -> bool:
-    below = ch["min"] < FLOOR
-    return below or (ch["halvings"] >= MIN_HALVINGS and not ch["calibration"])
-
-
-def classify(ch: dict, end: int, recovered: bool | None, steps: np.ndarray, scale: np.ndarray,
-             segment: int) -> Finding | None:
-    if not _is_burst(ch):
-        return None
-    low = ch["min"]
-    below = low < FLOOR
-    needs = below or recovered is not True  # a burst still down (open or window over) is an alarm
-    severity = "critical" if needs else "warning"
-    recovered = False if below and recovered is not True else recovered
-    evidence = {"scale_before": ch["before"], "scale_min": low, "halvings": ch["halvings"],
-                "below_floor": below, "floor": FLOOR, "calibration": ch["calibration"]}
-    state = {True: "the scale grew back", False: "the scale did not grow back", None: "not grown back yet"}[recovered]
-    message = (f"loss scale collapsed from step {int(steps[ch['first']])}: {ch['before']:g} -> {low:g}"
-               f" ({ch['halvings']:.0f} halvings{', below the floor of 1' if below else ''}); {state}")
-    return Finding(kind="scaler_collapse", onset_step=int(steps[ch["first"]]), end_step=int(steps[min(end, len(steps) - 1)]),
-                   peak_step=int(steps[ch["min_i"]]), segment=segment, severity=severity,
-                   self_recovered=recovered, needs_action=needs, evidence=evidence, message=message)
-
-
-def detect_scaler_collapse(steps: np.ndarray, scale: np.ndarray, segment: int = 0) -> list[Finding]:
+def detect_scaler_collapse(steps: np.ndarray, scale: np.ndarray, segment: int = 0,
+                           found_inf: np.ndarray | None = None, config: object | None = None,
+                           meta: dict | None = None) -> list[Finding]:
     """Offline: every loss-scale collapse in one segment's loss-scale observations."""
-    scanner = ScalerScanner(segment)
-    scale = np.asarray(scale, dtype=np.float64)
-    scanner.advance(scale, np.asarray(steps))
-    return scanner.findings(np.asarray(steps), scale)
+    from runwatch.detectors.config import DEFAULT
+
+    steps = np.asarray(steps, dtype=np.int64)
+    obs = {"step": steps, "loss_scale": np.asarray(scale, dtype=np.float64),
+           "found_inf": np.zeros(len(steps), bool) if found_inf is None else np.asarray(found_inf, bool),
+           "found_inf_present": np.zeros(len(steps), bool) if found_inf is None else np.ones(len(steps), bool)}
+    scanner = ScalerScanner(ScanContext(segment=segment, config=config or DEFAULT, meta=meta or {}))
+    scanner.advance(obs)
+    return scanner.findings(obs)

@@ -1,40 +1,43 @@
-"""All detectors over one segment, fed incrementally: the shared engine of offline and streaming analysis.
+"""Every registered detector over one segment, fed incrementally: the shared engine of offline and streaming.
 
 ``SegmentDetectors.advance(cols)`` takes the segment's rows so far (column
-arrays as ``segments.columns`` makes them) and hands each detector the new
-observations of the series it judges: the loss observations (rows where the
-loss was logged) to spike and divergence, the loss-scale observations to the
-scaler, rows with a wall time to stall, step-time observations to slowdown,
-every row to nan. Offline analysis calls it once; the streaming analyzer calls
-it per row. Same code, same findings.
+arrays as ``segments.columns`` makes them), appends the new rows to the
+observation series each detector reads (the registry's ``series``), and lets
+every scanner look at what is new. Offline analysis calls it once; the
+streaming analyzer calls it per flush. Same code, same findings. A resumed
+segment's loss series starts with its parent's healthy history, so its
+detectors judge its first observations against the parent's baseline.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from runwatch.detectors.divergence import DivergenceScanner
+from runwatch.detectors.config import DetectorConfig
+from runwatch.detectors.core import Grow
 from runwatch.detectors.finding import Finding
-from runwatch.detectors.nan import NanScanner, nonfinite_masks
-from runwatch.detectors.scaler_collapse import ScalerScanner
-from runwatch.detectors.series import Grow
-from runwatch.detectors.spike import SpikeScanner
-from runwatch.detectors.stall import SlowdownScanner, StallScanner, drop_slowdown_stalls
+from runwatch.detectors.nan import nonfinite_masks
+from runwatch.detectors.registry import REGISTRY, scanner_class
+from runwatch.detectors.scanner import ScanContext
+from runwatch.detectors.stall import drop_slowdown_stalls
 
-_SUBSERIES: dict[str, tuple[str, ...]] = {
+SERIES: dict[str, tuple[str, ...]] = {
     "loss": ("step", "loss", "grad_norm", "act_norm", "lr"),
-    "scale": ("step", "loss_scale"),
+    "scale": ("step", "loss_scale", "found_inf", "found_inf_present"),
     "time": ("step", "time", "allowance"),
     "step_time": ("step", "step_time"),
+    "rows": ("step", "loss", "loss_present", "bad_loss", "bad_grad_norm", "bad_act_norm"),
 }
+_INT, _BOOL = {"step"}, {"found_inf", "found_inf_present", "loss_present", "bad_loss", "bad_grad_norm", "bad_act_norm"}
 
 
 class SegmentDetectors:
-    """Scanners for one segment plus the observation buffers each one reads."""
+    """The registered scanners of one segment plus the observation series each one reads."""
 
-    def __init__(self, segment: int, checkpoint_seconds: dict[int, float] | None = None) -> None:
-        self.segment = segment
-        self.pos = 0
+    def __init__(self, segment: int, config: DetectorConfig, *, meta: dict | None = None,
+                 checkpoint_seconds: dict[int, float] | None = None, history: dict[str, np.ndarray] | None = None,
+                 resume_step: int | None = None) -> None:
+        self.segment, self.pos = segment, 0
         ckpt = sorted((k, v) for k, v in (checkpoint_seconds or {}).items() if not np.isnan(v))
         # Checkpoints of unknown write time (a text log's "saving checkpoint"): the interval around one may
         # hold a save and an eval of any length, so the stall rule falls back to the whole-interval ratio there.
@@ -42,15 +45,23 @@ class SegmentDetectors:
                                       dtype=np.int64)
         self._ckpt_steps = np.array([k for k, _ in ckpt], dtype=np.int64)
         self._ckpt_cum = np.concatenate([[0.0], np.cumsum([v for _, v in ckpt])])
-        self.buf = {name: {col: Grow(np.int64 if col == "step" else np.float64) for col in cols}
-                    for name, cols in _SUBSERIES.items()}
-        self.all_steps = Grow(np.int64)
+        self.buf = {name: {col: Grow(np.int64 if col in _INT else (np.bool_ if col in _BOOL else np.float64))
+                           for col in cols} for name, cols in SERIES.items()}
+        num_history = 0
+        if history is not None and len(history["step"]):
+            for col, grow in self.buf["loss"].items():
+                grow.extend(history[col])
+            num_history = len(history["step"])
         self.prev_scale = np.nan
-        self.last_finite_loss = True
         self.logged_step_time = False  # once a row logs step_time, it is the source; else derive it from time
-        self.spike, self.divergence = SpikeScanner(segment), DivergenceScanner(segment)
-        self.scaler, self.nan = ScalerScanner(segment), NanScanner(segment)
-        self.stall, self.slowdown = StallScanner(segment), SlowdownScanner(segment)
+        self.scanners = {}
+        for spec in REGISTRY:
+            ctx = ScanContext(segment=segment, config=config, meta=meta or {},
+                              history=num_history if spec.series == "loss" else 0, resume_step=resume_step)
+            self.scanners[spec.kind] = (spec.series, scanner_class(spec.kind)(ctx))
+
+    def views(self, series: str) -> dict[str, np.ndarray]:
+        return {col: grow.view for col, grow in self.buf[series].items()}
 
     def advance(self, cols: dict[str, np.ndarray]) -> None:
         """Take rows ``pos .. len(cols['step'])-1`` of the segment."""
@@ -58,7 +69,6 @@ class SegmentDetectors:
         if n <= lo:
             return
         new = {k: v[lo:n] for k, v in cols.items()}
-        self.all_steps.extend(new["step"])
         # A step the fp16 scaler skipped (found_inf, or the scale halved there) ran no optimizer
         # step: its inf gradient norm is not a NaN incident and its time is not a normal step time.
         scale = new["loss_scale"]
@@ -68,27 +78,21 @@ class SegmentDetectors:
         with np.errstate(invalid="ignore"):
             skip = new["found_inf"] | (scale < last_logged[:-1])
         self.prev_scale = float(last_logged[-1])
-        self._route(new, skip)
         bad = nonfinite_masks(new["loss"], new["grad_norm"], new["act_norm"], new["loss_present"],
                               new["grad_norm_present"], new["act_norm_present"], skip)
-        self.nan.advance(bad)
-        logged = new["loss"][new["loss_present"]]
-        if len(logged):
-            self.last_finite_loss = bool(np.isfinite(logged[-1]))
+        new.update({"bad_" + name: mask for name, mask in bad.items()})
+        self._route(new, skip)
         self.pos = n
-        b = self.buf
-        self.spike.advance(b["loss"]["loss"].view, b["loss"]["grad_norm"].view)
-        self.divergence.advance(b["loss"]["loss"].view)
-        self.scaler.advance(b["scale"]["loss_scale"].view, b["scale"]["step"].view)
-        self.stall.advance(b["time"]["step"].view, b["time"]["time"].view, b["time"]["allowance"].view)
-        self.slowdown.advance(b["step_time"]["step_time"].view)
+        for series, scanner in self.scanners.values():
+            scanner.advance(self.views(series))
 
     def _route(self, new: dict[str, np.ndarray], skip: np.ndarray) -> None:
         """Append the new rows to the observation series they belong to."""
         masks = {
             "loss": new["loss_present"],
-            "scale": new["loss_scale_present"] & np.isfinite(new["loss_scale"]),
+            "scale": (new["loss_scale_present"] & np.isfinite(new["loss_scale"])) | new["found_inf_present"],
             "time": np.isfinite(new["time"]),
+            "rows": np.ones(len(new["step"]), dtype=bool),
         }
         self.logged_step_time = self.logged_step_time or bool(new["step_time_present"].any())
         if self.logged_step_time:
@@ -135,14 +139,11 @@ class SegmentDetectors:
         sb["step_time"].extend(per[keep])
 
     def findings(self) -> list[Finding]:
-        b = self.buf
-        loss = b["loss"]
-        out = self.spike.findings(loss["step"].view, loss["loss"].view, loss["grad_norm"].view, loss["lr"].view)
-        out += self.divergence.findings(loss["step"].view, loss["loss"].view, loss["grad_norm"].view,
-                                        loss["act_norm"].view, loss["lr"].view)
-        out += self.scaler.findings(b["scale"]["step"].view, b["scale"]["loss_scale"].view)
-        out += self.nan.findings(self.all_steps.view, self.last_finite_loss)
-        slowdowns = self.slowdown.findings(b["step_time"]["step"].view, b["step_time"]["step_time"].view)
-        out += drop_slowdown_stalls(self.stall.findings(b["time"]["step"].view, b["time"]["time"].view), slowdowns)
-        out += slowdowns
-        return out
+        found = {kind: scanner.findings(self.views(series)) for kind, (series, scanner) in self.scanners.items()}
+        found["stall"] = drop_slowdown_stalls(found["stall"], found["slowdown"])
+        if found["bad_resume"]:
+            # The resume itself is the incident: an excursion starting with the segment is that one.
+            start = found["bad_resume"][0].onset_step
+            for kind in ("spike", "divergence"):
+                found[kind] = [f for f in found[kind] if f.onset_step != start]
+        return [f for kind in found for f in found[kind]]

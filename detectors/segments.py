@@ -13,6 +13,7 @@ import pyarrow.compute as pc
 
 from runwatch.data.record import segment_cuts
 from runwatch.detectors.finding import SegmentInfo
+from runwatch.detectors.registry import PERFORMANCE_KINDS
 
 FLOAT_COLUMNS: tuple[str, ...] = ("time", "loss", "grad_norm", "loss_scale", "act_norm", "lr", "step_time",
                                   "samples", "tokens")
@@ -57,9 +58,10 @@ def columns(table: pa.Table) -> dict[str, np.ndarray]:
         else:
             out[name], out[name + "_present"] = np.full(n, np.nan), np.zeros(n, dtype=bool)
     if "found_inf" in table.column_names:
+        out["found_inf_present"] = pc.is_valid(table["found_inf"]).to_numpy(zero_copy_only=False).astype(bool)
         out["found_inf"] = pc.fill_null(table["found_inf"], False).to_numpy(zero_copy_only=False).astype(bool)
     else:
-        out["found_inf"] = np.zeros(n, dtype=bool)
+        out["found_inf"], out["found_inf_present"] = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
     return out
 
 
@@ -110,3 +112,36 @@ def main_line(rows: pa.Table, infos: list[SegmentInfo] | None = None) -> dict[st
     if len(steps) > 1 and not np.all(np.diff(steps) >= 0):
         rows = rows.sort_by("step")
     return columns(rows)
+
+
+HISTORY_OBS = 256
+"""Observations of the parent's healthy history a resumed segment's detectors start from (16 blocks)."""
+LOSS_SERIES = ("step", "loss", "grad_norm", "act_norm", "lr")
+
+
+def parent_history(segment: int, first_step: int, cols: dict[int, dict[str, np.ndarray]], resume_step: int | None,
+                   findings: list) -> tuple[dict[str, np.ndarray] | None, int | None]:
+    """The parent's healthy loss observations up to the resume step, for a resumed segment's detectors.
+
+    The parent is the latest earlier segment whose rows cover the step resumed
+    from (the resume event's checkpoint step; without one, the step before the
+    segment's first). Observations inside any of the parent's findings are
+    left out, so a parent that was mid-spike at the checkpoint gives the level
+    before the spike, against which a bad resume stands out. Returns (history
+    columns or None, the resume step).
+    """
+    step = resume_step if resume_step is not None else first_step - 1
+    parents = [k for k in cols if k < segment and len(cols[k]["step"])
+               and int(cols[k]["step"][0]) <= step <= int(cols[k]["step"][-1]) + 1]
+    if not parents:
+        return None, resume_step
+    k = max(parents)
+    c = cols[k]
+    keep = c["loss_present"] & (c["step"] <= step)
+    for f in findings:
+        if f.segment == k and f.severity != "info" and f.kind not in PERFORMANCE_KINDS:
+            keep &= ~((c["step"] >= f.onset_step) & (c["step"] <= f.end_step))
+    idx = np.flatnonzero(keep)[-HISTORY_OBS:]
+    if not len(idx):
+        return None, resume_step
+    return {name: c[name][idx] for name in LOSS_SERIES}, step

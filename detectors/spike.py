@@ -1,23 +1,26 @@
 """Loss spikes: the loss (and the gradient norm) leave their trend, then come back or not.
 
-An excursion is a run of observations more than ``Z_LOW`` robust sigmas above
-the trailing baseline (loss, or log gradient norm); it becomes an episode when
-one observation goes past ``Z_HIGH``. Onset is the first observation of that
-run, so a gradient norm that moved first (BLOOM 31214: 0.24 -> 0.95 while the
-loss barely moved) sets it. The baseline is frozen at onset; the episode ends
-when loss and gradient norm are back under the frozen band for two
-observations in a row (self-recovered) or after ``RECOVERY_WINDOW``
-observations without that (not recovered: needs action).
+Two rules open an excursion, the classic combined chart (Montgomery):
+- Shewhart: one observation past ``z_trigger`` robust sigmas (loss, or the log
+  gradient norm with at least ``grad_min_ratio`` x), or past the run's own
+  extreme-value tail at ``tail_risk`` when that is higher;
+- CUSUM: the residuals, clipped at ``winsor`` sigmas, summing past
+  ``cusum_h`` above ``cusum_k``: a small shift that lasts (a few steps of
+  raised LR lifting the loss 3 sigma for 20 steps sums to ~50).
+Onset is the first observation of the elevated run (either signal: BLOOM's
+gradient norm moved first), or the CUSUM's change point. The baseline is
+frozen at the onset; the excursion ends when the loss (and, for one the
+gradient norm led, the gradient norm) stays inside the band of the pre-onset
+trend carried forward for ``recovery_obs`` observations, however late: the
+finding records ``recovery_steps`` and the ``lasting_cost`` (how far above the
+projected trend the loss stays afterwards).
 
-What is deliberately not a finding: a loss excursion with fewer than
-``MIN_FAR_OUT`` observations beyond ``Z_HIGH`` and a quiet gradient norm (heavy-tailed per-batch noise, e.g. modded-nanogpt's
-+0.5..1.5 one-step bumps), and rises under ``MIN_RISE`` of the loss level. A
-gradient-norm blip that recovers at once (llm.c steps 7435, 9025) is an 'info'
-finding that never needs action.
-
-``SpikeScanner.advance`` consumes observations incrementally; running it once
-over a whole series and running it one observation at a time give the same
-findings (the streaming guarantee).
+Severity: one or two far-out observations that came straight back are 'info'
+(a bad batch, a gradient-norm blip: outside the alarm budget); an excursion
+that persisted is a 'warning'; one still out after ``patience_obs``
+observations, or that came back with a lasting cost, is 'critical' and needs
+action. An excursion that follows the LR returning to a level the run
+already trained at (a warm restart) is the schedule: 'info'.
 """
 
 from __future__ import annotations
@@ -26,297 +29,362 @@ import math
 
 import numpy as np
 
+from runwatch.detectors.core import BlockBaseline, Episode, Grow, cusum, first_run, safe_log
 from runwatch.detectors.finding import Finding
-from runwatch.detectors.series import BLOCK, MIN_BLOCKS, Grow, TrailingBaseline, safe_log
-
-Z_LOW = 3.0
-"""Robust sigmas above baseline that count as 'out of the band' (excursion extent, recovery)."""
-Z_HIGH = 6.0
-"""Robust sigmas one observation must reach to make an excursion an episode."""
-MIN_RISE = 0.03
-"""A loss spike must rise at least 3% of the loss level: smaller is not worth a page."""
-MIN_GRAD_RATIO = 4.0
-"""A gradient-norm excursion must at least quadruple the norm: real runs (llm.c) have many 2-3x blips."""
-MIN_FAR_OUT = 2
-"""Observations beyond ``Z_HIGH`` a loss spike needs; fewer (with a quiet gradient norm) is batch noise."""
-BAD_BATCH_RATIO = 2.0
-"""A single observation at twice the loss level is a bad batch worth an 'info' line, not batch noise
-(heavy-tailed per-step noise, e.g. modded-nanogpt, stays under about 1.6x)."""
-SHORT_SPIKE = 3
-"""A recovered spike out of band for at most this many observations is 'info' (a bad batch or two)."""
-RECOVERY_WINDOW = 200
-COLD_OBS = MIN_BLOCKS * BLOCK
-COLD_LOSS_RISE = 0.5
-COLD_GRAD_RATIO = 4.0
-COLD_JUMP = 1.5
-COLD_JUMP_GRAD = 2.0
-"""Before the baseline exists: loss at 1.5x the median of the earlier observations with the gradient
-norm at 2x its median (when logged) is a spike even for one observation: a per-batch loss bump
-rarely comes with the gradient norm doubling (tr8-104B excerpts: 6.44 -> 11.42, grad norm x2.2)."""
-RECOVERY_CHECK = 8
-"""Observations from the first in-band one of which 75% must be in band to call it recovered."""
-LR_JUMP = 1.5
-"""A one-observation LR rise that counts as a jump (warm-up schedules rise by far smaller steps)."""
-LEVEL_SIGMAS = 1.5
-"""Recovered also means the median of the check window is within 1.5 sigmas (or ``MIN_RISE``) of the
-pre-spike baseline: the median of 8 noisy observations is within ~0.5 sigma of its level."""
-STILL_OUT = 16
-"""An open episode whose last 16 observations are all out of band already counts as not recovered."""
-"""Observations an episode may take to come back before it counts as not recovered."""
+from runwatch.detectors.scanner import Observations, ScanContext
 
 
 class SpikeScanner:
-    """Incremental spike detection over one segment's loss and gradient-norm observations."""
+    """Incremental spike detection over one segment's loss observations."""
 
-    def __init__(self, segment: int = 0) -> None:
-        self.segment = segment
-        self.loss_base = TrailingBaseline(rel_floor=1e-3, abs_floor=1e-12)
-        self.grad_base = TrailingBaseline(rel_floor=0.0, abs_floor=0.02)
-        self.pos = 0  # next observation to look at
-        self.floor = 0  # an excursion may not start before this (end of the last episode)
-        self.streak_start: int | None = None  # start of the elevated run that reaches pos-1
-        self.episode: dict | None = None
-        self.dead_from: int | None = None  # after an unrecovered episode: wait for the band
-        self.closed: list[tuple[dict, int, bool | None]] = []  # (episode, end index, recovered)
-        self.log_grad = Grow()
+    def __init__(self, ctx: ScanContext) -> None:
+        self.ctx, self.cfg, base = ctx, ctx.config.spike, ctx.config.baseline
+        kw = dict(block=base.block, window=base.window_blocks, min_blocks=base.min_blocks)
+        # The median of the block medians: a lagging level sits above a falling loss (negative residuals,
+        # never a false alarm) and does not chase a dip of a block or two (data-order wander).
+        self.loss_base = BlockBaseline(rel_floor=1e-3, abs_floor=1e-12, follow_last=False, **kw)
+        self.grad_base = BlockBaseline(rel_floor=0.0, abs_floor=0.02, **kw)
+        self.cold_obs = base.min_blocks * base.block
+        self.winsor, self.tail_blocks = base.winsor, base.tail_min_blocks
+        self.pos = ctx.history
+        self.floor = ctx.history  # no excursion may begin before this (the history, the last episode's end)
+        self.s, self.zero = 0.0, ctx.history - 1  # CUSUM sum and its last zero
+        self.streak: int | None = None  # start of the elevated run that reaches pos - 1
+        self.episode: Episode | None = None
+        self.closed: list[Episode] = []
+        self.log_grad, self.coord = Grow(), Grow()
+        self._noted = ctx.history  # observations whose residuals the tail has seen
 
-    def advance(self, loss: np.ndarray, grad: np.ndarray) -> None:
-        """Look at every observation not seen yet; ``loss``/``grad`` are the whole series so far."""
-        n = len(loss)
+    # -- scanning -----------------------------------------------------------------------------
+
+    def advance(self, obs: Observations) -> None:
+        loss, n = obs["loss"], len(obs["loss"])
         if n <= self.pos:
             return
-        self.log_grad.extend(safe_log(grad[self.log_grad.size:n]))  # incremental: O(new rows) per call
-        log_grad = self.log_grad.view
-        self._loss, self._log_grad = loss, log_grad
-        self.loss_base.update(loss)
-        self.grad_base.update(log_grad)
-        lo = self.pos
-        z_l, z_g, rise_l, rise_g = self._scores(loss, log_grad, lo, n)
-        elevated = (z_l > Z_LOW) | (z_g > Z_LOW)
-        trigger = ((z_l > Z_HIGH) & (rise_l >= MIN_RISE)) | ((z_g > Z_HIGH) & (rise_g >= math.log(MIN_GRAD_RATIO)))
-        i = lo
-        while i < n:
+        self.log_grad.extend(safe_log(obs["grad_norm"][self.log_grad.size:n]))
+        self.coord.extend(np.log1p(np.maximum(obs["step"][self.coord.size:n], 0)).astype(np.float64))
+        self.loss_base.update(loss, self.coord.view)
+        self.grad_base.update(self.log_grad.view, self.coord.view)
+        while self.pos < n:
             if self.episode is not None:
-                i = self._follow_episode(loss, log_grad, i, n)
-            elif self.dead_from is not None:
-                calm = np.flatnonzero(~elevated[i - lo:])
-                if not len(calm):
-                    i = n
-                    break
-                i += int(calm[0])
-                self.dead_from, self.floor, self.streak_start = None, i, None
+                self._follow(loss, n)
             else:
-                i = self._find_trigger(elevated, trigger, lo, i, n)
-        self.pos = n
+                self._scan(loss, n)
 
-    def _scores(self, loss: np.ndarray, log_grad: np.ndarray, lo: int, hi: int) -> tuple[np.ndarray, ...]:
-        base_l, scale_l = self._baseline(self.loss_base, loss, lo, hi, False)
-        base_g, scale_g = self._baseline(self.grad_base, log_grad, lo, hi, True)
+    def _baselines(self, loss: np.ndarray, lo: int, hi: int) -> tuple[np.ndarray, ...]:
+        """Loss and log-grad level and scale for lo..hi-1, and where a real (not cold) baseline exists."""
+        level, scale = self.loss_base.at(lo, hi)
+        glevel, gscale = self.grad_base.at(lo, hi)
+        warm = np.isfinite(level)
+        if not warm.all():
+            level, scale, glevel, gscale = (a.copy() for a in (level, scale, glevel, gscale))
+            cfg = self.cfg
+            for i in np.flatnonzero(~warm) + lo:
+                # Cold: the median of the earlier observations, with a scale that puts z_trigger at a gross
+                # rise, so only what a person sees at once counts before a noise model exists.
+                for x, lv, sc, log in ((loss, level, scale, False), (self.log_grad.view, glevel, gscale, True)):
+                    prior = x[self.ctx.history:i]
+                    prior = prior[np.isfinite(prior)]
+                    if len(prior) and not np.isfinite(lv[i - lo]):
+                        m = float(np.median(prior))
+                        lv[i - lo] = m
+                        rise = math.log(cfg.cold_grad_ratio) if log else cfg.cold_loss_rise * abs(m)
+                        sc[i - lo] = max(rise, 1e-12) / cfg.z_trigger
+        return level, scale, glevel, gscale, warm
+
+    def _scan(self, loss: np.ndarray, n: int) -> None:
+        lo, cfg = self.pos, self.cfg
+        level, scale, glevel, gscale, warm = self._baselines(loss, lo, n)
+        lg = self.log_grad.view
         with np.errstate(invalid="ignore", divide="ignore"):
-            z_l = (loss[lo:hi] - base_l) / scale_l
-            rise_l = (loss[lo:hi] - base_l) / np.abs(base_l)
-            z_g = (log_grad[lo:hi] - base_g) / scale_g
-            rise_g = log_grad[lo:hi] - base_g
-        return np.nan_to_num(z_l, nan=-np.inf), np.nan_to_num(z_g, nan=-np.inf), rise_l, rise_g
+            zl = (loss[lo:n] - level) / scale
+            zg = (lg[lo:n] - glevel) / gscale
+            rise_l = (loss[lo:n] - level) / np.abs(level)
+            rise_g = lg[lo:n] - glevel
+            zl_c, zg_c = np.nan_to_num(zl, nan=-np.inf), np.nan_to_num(zg, nan=-np.inf)
+            loss_cand = (zl_c > cfg.z_trigger) & (rise_l >= cfg.min_rise)
+            grad_cand = (zg_c > cfg.z_trigger) & (rise_g >= math.log(cfg.grad_min_ratio))
+            # Cold: a gross loss rise counts only with the gradient norm moving too (when it is logged).
+            cold_ok = ~warm & (~np.isfinite(glevel) | ~np.isfinite(lg[lo:n]) | (rise_g >= math.log(cfg.cold_grad_ratio)))
+            loss_cand &= warm | cold_ok
+            grad_cand &= warm
+        with np.errstate(invalid="ignore", divide="ignore"):
+            z_total = (loss[lo:n] - level) / self.loss_base.total_scale(lo, n)
+        s, zero = self._cusum(z_total, warm, lo)
+        hit = (s > cfg.cusum_h) | loss_cand | grad_cand
+        trigger = None
+        for j in np.flatnonzero(hit):
+            i = lo + int(j)
+            if s[j] > cfg.cusum_h:
+                trigger, rule = i, "cusum"
+                break
+            # A single observation must also pass the run's own tail (heavy-tailed runs raise the bar).
+            self._note_scanned(lo, i, zl_c, zg_c, warm)
+            thr_l, thr_g = self._thresholds()
+            if (loss_cand[j] and (zl_c[j] > thr_l or not warm[j])) or (grad_cand[j] and zg_c[j] > thr_g):
+                trigger, rule = i, "shewhart"
+                break
+        stop = n if trigger is None else trigger
+        self._note_scanned(lo, stop, zl_c, zg_c, warm)
+        elevated = (zl_c[: stop - lo + (trigger is not None)] > cfg.z_band) | (zg_c[: stop - lo + (trigger is not None)] > cfg.z_band)
+        self._track_streak(elevated, lo)
+        if trigger is None:
+            self.s, self.zero, self.pos = float(s[-1]), int(zero[-1]), n
+            return
+        onset = self.streak if self.streak is not None else trigger
+        if rule == "cusum":
+            onset = min(onset, int(zero[trigger - lo]) + 1)
+        self._open(max(onset, self.floor), trigger, rule, loss, int(np.argmax([zl_c[trigger - lo], zg_c[trigger - lo]])))
 
-    def _baseline(self, trailing: TrailingBaseline, x: np.ndarray, lo: int, hi: int, log: bool) -> tuple[np.ndarray, np.ndarray]:
-        """Trailing block baseline; before it exists (the first ``COLD_OBS`` observations: short log
-        excerpts, the start of a segment) the median of all earlier observations, with a scale that
-        puts ``Z_HIGH`` at +50% loss or 4x gradient norm, so only gross excursions count."""
-        base, scale = trailing.at(lo, hi)
-        cold = min(hi, COLD_OBS)
-        if lo < cold:
-            base, scale = base.copy(), scale.copy()
-            for i in range(max(lo, 1), cold):
-                prior = x[:i][np.isfinite(x[:i])]
-                if len(prior) and not np.isfinite(base[i - lo]):
-                    m = float(np.median(prior))
-                    base[i - lo] = m
-                    scale[i - lo] = (math.log(COLD_GRAD_RATIO) if log else COLD_LOSS_RISE * abs(m)) / Z_HIGH
-        return base, scale
+    def _cusum(self, zl: np.ndarray, warm: np.ndarray, lo: int) -> tuple[np.ndarray, np.ndarray]:
+        """CUSUM of the clipped loss residuals, scaled by the run's variability wander included (a sustained
+        shift must stand out from how far the level wanders by itself); it rests at 0 without a baseline."""
+        inc = np.where(np.isfinite(zl), np.minimum(zl, self.winsor), 0.0) - self.cfg.cusum_k
+        s, zero = np.zeros(len(zl)), np.arange(len(zl)) + lo
+        s0, z0 = self.s, self.zero
+        bounds = np.flatnonzero(np.diff(np.concatenate([[0], warm.astype(np.int8), [0]])))
+        for a, b in zip(bounds[::2], bounds[1::2]):  # runs of warm observations
+            start_s, start_z = (s0, z0) if a == 0 else (0.0, lo + a - 1)
+            s[a:b], zero[a:b] = cusum(inc[a:b], start_s, start_z, lo + a)
+        return s, zero
 
-    def _find_trigger(self, elevated: np.ndarray, trigger: np.ndarray, lo: int, i: int, n: int) -> int:
-        """Idle: move to the next triggering observation, tracking where its elevated run began."""
-        hits = np.flatnonzero(trigger[i - lo:])
-        stop = n if not len(hits) else i + int(hits[0])
-        window = elevated[i - lo: stop - lo + (stop < n)]
-        quiet = np.flatnonzero(~window)
+    def _note_scanned(self, lo: int, hi: int, zl: np.ndarray, zg: np.ndarray, warm: np.ndarray) -> None:
+        a = max(self._noted, lo)
+        if hi > a:
+            self.loss_base.note_scanned(a, np.where(warm[a - lo:hi - lo], zl[a - lo:hi - lo], np.nan))
+            self.grad_base.note_scanned(a, np.where(warm[a - lo:hi - lo], zg[a - lo:hi - lo], np.nan))
+            self._noted = hi
+
+    def _thresholds(self) -> tuple[float, float]:
+        cfg = self.cfg
+        tail_l = self.loss_base.tail_threshold(cfg.tail_risk, self.tail_blocks)
+        tail_g = self.grad_base.tail_threshold(cfg.tail_risk, self.tail_blocks)
+        return (max(cfg.z_trigger, tail_l) if math.isfinite(tail_l) else cfg.z_trigger,
+                max(cfg.z_trigger, tail_g) if math.isfinite(tail_g) else cfg.z_trigger)
+
+    def _track_streak(self, elevated: np.ndarray, lo: int) -> None:
+        """Keep the start of the run of elevated observations that reaches the last one scanned."""
+        if not len(elevated):
+            return
+        quiet = np.flatnonzero(~elevated)
         if len(quiet):
-            self.streak_start = i + int(quiet[-1]) + 1
-        elif self.streak_start is None:
-            self.streak_start = i
-        if stop == n:
-            if not elevated[n - 1 - lo]:
-                self.streak_start = None
-            return n
-        onset = max(self.streak_start, self.floor)
-        self._open_episode(onset, stop)
-        self.streak_start = None
-        return stop + 1
+            last_quiet = lo + int(quiet[-1])
+            self.streak = last_quiet + 1 if last_quiet + 1 < lo + len(elevated) else None
+        elif self.streak is None:
+            self.streak = lo
 
-    def _open_episode(self, onset: int, trigger: int) -> None:
-        base_l, scale_l = (float(v[0]) for v in self._baseline(self.loss_base, self._loss, onset, onset + 1, False))
-        base_g, scale_g = (float(v[0]) for v in self._baseline(self.grad_base, self._log_grad, onset, onset + 1, True))
-        if not math.isfinite(base_l):  # no history at the onset: judge against the trigger's baseline
-            base_l, scale_l = (float(v[0]) for v in self._baseline(self.loss_base, self._loss, trigger, trigger + 1, False))
-        if not math.isfinite(base_g):
-            base_g, scale_g = (float(v[0]) for v in self._baseline(self.grad_base, self._log_grad, trigger, trigger + 1, True))
-        self.episode = {
-            "onset": onset, "trigger": trigger, "base_loss": base_l, "scale_loss": scale_l,
-            "base_log_grad": base_g, "scale_log_grad": scale_g,
-            "loss_band": base_l + max(Z_LOW * scale_l, MIN_RISE * abs(base_l)),
-            "grad_band": base_g + max(Z_LOW * scale_g, math.log(1.5)) if math.isfinite(base_g) else math.inf,
-        }
+    def _open(self, onset: int, trigger: int, rule: str, loss: np.ndarray, led_by: int) -> None:
+        at = onset if np.isfinite(self.loss_base.at(onset, onset + 1)[0][0]) else trigger
+        level, scale, glevel, gscale, _ = (float(v[0]) for v in self._baselines(loss, at, at + 1))
+        slope, span = self.loss_base.slope(at)
+        thr_l, thr_g = self._thresholds()
+        self.episode = Episode(onset=onset, trigger=trigger, rule=rule, end=trigger, frozen={
+            "level": level, "scale": scale, "glevel": glevel, "gscale": gscale, "slope": slope, "span": span,
+            "t0": float(self.coord.view[onset]), "thr_loss": thr_l, "thr_grad": thr_g},
+            data={"grad_led": led_by == 1 and rule == "shewhart"})
+        self.pos = trigger + 1
+        self._noted = self.pos
+        self.streak = None
 
-    def _ok(self, loss: np.ndarray, log_grad: np.ndarray, lo: int, hi: int) -> np.ndarray:
-        """Observations back inside the frozen band (an unmeasured gradient norm does not object)."""
-        ep = self.episode
-        grad = log_grad[lo:hi]
-        return (loss[lo:hi] <= ep["loss_band"]) & (np.isnan(grad) | (grad <= ep["grad_band"]))
+    # -- following an episode ---------------------------------------------------------------------
 
-    def _follow_episode(self, loss: np.ndarray, log_grad: np.ndarray, i: int, n: int) -> int:
-        """In an episode: find two in-band observations in a row, or run out the window."""
-        ep = self.episode
-        t = ep["trigger"]
-        first = ep.setdefault("next_check", t + 1)  # the first j whose check window was not complete yet
-        last = min(t + RECOVERY_WINDOW, n - RECOVERY_CHECK)  # the check window after j must exist
-        if last >= first:
-            ok = self._ok(loss, log_grad, first, last + RECOVERY_CHECK)
-            # Back means two in-band observations in a row and most of the next few in band too:
-            # a noisy, still-elevated loss dips under the band now and then without having recovered.
-            mostly = np.convolve(ok, np.ones(RECOVERY_CHECK), "valid")[: last - first + 1] >= 0.75 * RECOVERY_CHECK
-            # ...and the level is back: a loss that came partly down but sits clearly above its old
-            # trend (an LR jump still in effect) crosses a wide noise band now and then without that.
-            level = _window_median(loss[first:last + RECOVERY_CHECK], RECOVERY_CHECK)[: last - first + 1]
-            back = level <= ep["base_loss"] + max(LEVEL_SIGMAS * ep["scale_loss"], MIN_RISE * abs(ep["base_loss"]))
-            pairs = np.flatnonzero(ok[: last - first + 1] & ok[1: last - first + 2] & mostly & back)
-            if len(pairs):
-                j = first + int(pairs[0])
-                self.closed.append((ep, j - 1, True))
-                self.episode, self.floor = None, j + RECOVERY_CHECK - 1
-                return max(j + RECOVERY_CHECK - 1, i)
-            ep["next_check"] = last + 1
-        if n >= t + RECOVERY_WINDOW + RECOVERY_CHECK:
-            resume = t + RECOVERY_WINDOW + RECOVERY_CHECK - 1
-            self.closed.append((ep, t + RECOVERY_WINDOW, False))
-            self.episode, self.dead_from = None, resume
-            return resume
-        return n
+    def projection(self, ep: Episode, lo: int, hi: int) -> np.ndarray:
+        """The pre-onset trend carried forward over observations lo..hi-1 (never further than its own span)."""
+        f = ep.frozen
+        dt = np.clip(self.coord.view[lo:hi] - f["t0"], 0.0, f["span"])
+        return f["level"] + f["slope"] * dt
 
-    def findings(self, steps: np.ndarray, loss: np.ndarray, grad: np.ndarray, lr: np.ndarray | None = None) -> list[Finding]:
-        """Closed episodes plus the one still open (``self_recovered`` None), as findings."""
-        log_grad = safe_log(grad)
-        out = [classify(ep, end, rec, steps, loss, log_grad, self.segment, lr) for ep, end, rec in self.closed]
-        if self.episode is not None:
-            out.append(classify(self.episode, len(loss) - 1, None, steps, loss, log_grad, self.segment, lr))
+    def residuals(self, ep: Episode, loss: np.ndarray, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+        f = ep.frozen
+        with np.errstate(invalid="ignore"):
+            return ((loss[lo:hi] - self.projection(ep, lo, hi)) / f["scale"],
+                    (self.log_grad.view[lo:hi] - f["glevel"]) / f["gscale"])
+
+    def _follow(self, loss: np.ndarray, n: int) -> None:
+        ep, cfg, lo = self.episode, self.cfg, self.pos
+        zl, zg = self.residuals(ep, loss, lo, n)
+        with np.errstate(invalid="ignore"):
+            ok = zl <= cfg.z_band
+            if ep.data["grad_led"]:
+                ok &= np.isnan(zg) | (zg <= cfg.z_band)
+        start, ep.carry = first_run(ok, cfg.recovery_obs, ep.carry)
+        if start < len(ok):
+            self._close(ep, lo + start, loss)
+            return
+        ep.end, self.pos = n - 1, n
+        if ep.data["grad_led"] and n - ep.onset >= cfg.patience_obs:
+            # The gradient norm moved to a new level and stays there while the loss never left its band:
+            # a trend (warm-up, a schedule change), not an excursion. Re-learn the baseline from here.
+            zl_all, _ = self.residuals(ep, loss, ep.onset, n)
+            if not np.any(np.nan_to_num(zl_all, nan=-np.inf) > cfg.z_band):
+                self._restart_after(ep, n - 1)
+
+    def _close(self, ep: Episode, recovered_at: int, loss: np.ndarray) -> None:
+        ep.close(recovered_at)
+        self.closed.append(ep)
+        last = recovered_at + self.cfg.recovery_obs - 1
+        if ep.rule == "shewhart" and recovered_at - ep.onset < self.cfg.persist_obs:
+            # A blip that came straight back is the run's own tail, not an incident: the baselines keep it
+            # (their medians do not move) and so does the extreme-value tail, which is made of such blips.
+            level, scale, glevel, gscale, warm = self._baselines(loss, ep.onset, last + 1)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                zl = np.where(warm, (loss[ep.onset:last + 1] - level) / scale, np.nan)
+                zg = np.where(warm, (self.log_grad.view[ep.onset:last + 1] - glevel) / gscale, np.nan)
+            self.loss_base.note_scanned(ep.onset, zl)
+            self.grad_base.note_scanned(ep.onset, zg)
+            self._rearm(last)
+            return
+        self._restart_after(ep, last)
+
+    def _restart_after(self, ep: Episode, last: int) -> None:
+        """Keep the episode out of every later baseline and scan again after ``last``."""
+        self.loss_base.exclude(ep.onset, last)
+        self.grad_base.exclude(ep.onset, last)
+        self._rearm(last)
+
+    def _rearm(self, last: int) -> None:
+        self.episode = None
+        self.pos = self.floor = self._noted = last + 1
+        self.s, self.zero, self.streak = 0.0, last, None
+
+    # -- findings ----------------------------------------------------------------------------------
+
+    def findings(self, obs: Observations) -> list[Finding]:
+        items = list(self.closed) + ([self.episode] if self.episode is not None else [])
+        out = [classify(self, ep, obs) for ep in items]
         return [f for f in out if f is not None]
 
 
-def _lr_still_raised(lr: np.ndarray | None, onset: int, end: int) -> bool:
-    """The LR jumped (one observation to the next, at most a few observations from the onset) by
-    ``LR_JUMP`` x and is still that high at the episode's end: the cause is still in effect.
-    A warm-up ramp rises by small steps, an LR burst is over by the end."""
-    if lr is None or onset < 1:
-        return False
-    near = lr[max(0, onset - 4):min(len(lr), onset + 3)]
-    prior = lr[max(0, onset - 4) - 1] if onset >= 5 else lr[0]
-    ok = np.isfinite(near) & (near > 0)
-    if not ok.any() or not (math.isfinite(prior) and prior > 0):
-        return False
-    seq = np.concatenate([[prior], near[ok]])
-    jumps = seq[1:] / seq[:-1]
-    return bool(jumps.max() >= LR_JUMP and math.isfinite(lr[end]) and lr[end] >= LR_JUMP * prior)
+def _lr_story(lr: np.ndarray, onset: int, end: int, history: int, patience: int) -> dict:
+    """The LR around the onset, read from the data: the LR of the update(s) that produced the first bad loss
+    (the row before the onset, and the onset row for a burst between coarse rows) against the LR before."""
+    before = lr[max(history, onset - 17):max(history, onset - 1)]
+    before = before[np.isfinite(before) & (before > 0)]
+    cause = lr[max(onset - 1, 0):onset + 1]
+    cause = cause[np.isfinite(cause)]
+    if not len(before) or not len(cause):
+        return {"lr_before": None, "lr_at_onset": None, "lr_ratio": None, "lr_still_raised": False,
+                "lr_scheduled": False}
+    lr_before, lr_cause = float(np.median(before)), float(cause.max())
+    ratio = lr_cause / lr_before
+    after = lr[end:end + 1]
+    still = bool(ratio >= 1.5 and len(after) and np.isfinite(after[0]) and after[0] >= 1.5 * lr_before)
+    earlier = lr[history:max(history, onset - 1)]
+    earlier = earlier[np.isfinite(earlier)]
+    held = lr[onset:onset + patience]
+    # The schedule: the LR went back to a level the run already trained at and stayed there (a warm restart).
+    scheduled = bool(ratio >= 1.5 and len(earlier) and lr_cause <= 1.05 * float(earlier.max())
+                     and len(held) >= patience and np.all(held >= 0.5 * lr_cause))
+    return {"lr_before": lr_before, "lr_at_onset": lr_cause, "lr_ratio": ratio, "lr_still_raised": still,
+            "lr_scheduled": scheduled}
 
 
-def _window_median(values: np.ndarray, width: int) -> np.ndarray:
-    """Median of each run of ``width`` consecutive values (non-finite ones count as high)."""
-    values = np.where(np.isfinite(values), values, np.inf)
-    return np.median(np.lib.stride_tricks.sliding_window_view(values, width), axis=1)
-
-
-def _lr_ratio(lr: np.ndarray | None, onset: int, end: int) -> float | None:
-    """Median learning rate during the episode over the median of the observations just before it."""
-    if lr is None:
-        return None
-    before, during = lr[max(0, onset - 16):onset], lr[onset:end + 1]
-    before, during = before[np.isfinite(before) & (before > 0)], during[np.isfinite(during)]
-    if not len(before) or not len(during):
-        return None
-    return float(np.median(during) / np.median(before))
-
-
-def classify(ep: dict, end: int, recovered: bool | None, steps: np.ndarray, loss: np.ndarray,
-             log_grad: np.ndarray, segment: int, lr: np.ndarray | None = None) -> Finding | None:
-    """Turn an episode into a finding, or None when it is batch noise."""
-    onset = ep["onset"]
-    span_loss, span_grad = loss[onset:end + 1], log_grad[onset:end + 1]
-    base_l, scale_l, base_g, scale_g = ep["base_loss"], ep["scale_loss"], ep["base_log_grad"], ep["scale_log_grad"]
-    finite_l = np.where(np.isfinite(span_loss), span_loss, -np.inf)
-    peak_i = int(np.argmax(finite_l))
-    peak_loss = float(finite_l[peak_i])
-    loss_spike = peak_loss > base_l + Z_HIGH * scale_l and peak_loss - base_l >= MIN_RISE * abs(base_l)
-    num_loss_out = int(np.sum(span_loss > ep["loss_band"]))
-    # Heavy-tailed batch noise makes one huge observation (now and then two in a row) and a
-    # tail inside a few sigmas; a real spike keeps the loss far out for several observations.
-    num_loss_high = int(np.sum(span_loss > base_l + Z_HIGH * scale_l))
-    finite_g = np.where(np.isfinite(span_grad), span_grad, -np.inf)
-    peak_g = float(finite_g.max()) if len(finite_g) else -math.inf
-    grad_spike = math.isfinite(base_g) and peak_g > base_g + Z_HIGH * scale_g and peak_g - base_g >= math.log(MIN_GRAD_RATIO)
-    bad_batch = loss_spike and base_l > 0 and peak_loss >= BAD_BATCH_RATIO * base_l
-    # Very few earlier observations (a short excerpt, a segment's first lines): no noise model yet,
-    # so a gross jump of loss and gradient norm together is what a person sees at once.
-    cold_jump = (onset < COLD_OBS and loss_spike and base_l > 0 and peak_loss >= COLD_JUMP * base_l
-                 and (not math.isfinite(base_g) or peak_g - base_g >= math.log(COLD_JUMP_GRAD)))
-    if loss_spike and (num_loss_high >= MIN_FAR_OUT or cold_jump):
-        blip = False
-    elif grad_spike or bad_batch:
-        blip = True
-        if not loss_spike:
-            peak_i = int(np.argmax(finite_g))
-        what_blip = "gradient-norm blip" if grad_spike else "one-step loss spike (a bad batch?)"
+def classify(sc: SpikeScanner, ep: Episode, obs: Observations) -> Finding | None:
+    """Turn an episode into a finding, or None when it is no excursion of the loss worth one."""
+    cfg, f = sc.cfg, ep.frozen
+    steps, loss, n = obs["step"], obs["loss"], len(obs["loss"])
+    onset, end = ep.onset, (ep.end if not ep.is_open else n - 1)
+    zl, zg = sc.residuals(ep, loss, onset, end + 1)
+    zl_c, zg_c = np.nan_to_num(zl, nan=-np.inf), np.nan_to_num(zg, nan=-np.inf)
+    base = f["level"]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rise = (loss[onset:end + 1] - sc.projection(ep, onset, end + 1)) / abs(base)
+    far = (zl_c > f["thr_loss"]) & (rise >= cfg.min_rise)
+    num_far, num_out = int(far.sum()), int((zl_c > cfg.z_band).sum())
+    winsor_sum = float(np.sum(np.minimum(np.where(np.isfinite(zl), zl, 0.0), sc.winsor) - cfg.cusum_k))
+    loss_moved = num_far > 0 or ep.rule == "cusum"
+    grad_far = math.isfinite(f["glevel"]) and bool(np.any((zg_c > f["thr_grad"]) & (zg_c * f["gscale"] >= math.log(cfg.grad_min_ratio))))
+    if ep.is_open:
+        recovered = False if n - onset >= cfg.patience_obs and np.nan_to_num(zl_c[-1:], neginf=np.inf)[0] > cfg.z_band else None
     else:
-        return None  # a one-observation loss bump with a quiet gradient norm: batch noise
-    if recovered is None and not blip and len(span_loss) >= STILL_OUT and bool(np.all(span_loss[-STILL_OUT:] > ep["loss_band"])):
-        recovered = False  # not over yet, but far out for a whole block: call it now, not in 200 steps
-    if blip and recovered is not True:
-        return None  # a gradient-norm level that moved and stays (warm-up, schedule) is a trend, not a blip
-    if blip:
+        recovered = True
+    if not loss_moved and (not grad_far or recovered is not True):
+        return None  # the gradient norm alone moved to a new level: a trend, not an excursion
+    persistent = loss_moved and (num_far >= cfg.persist_obs or winsor_sum >= cfg.cusum_h or recovered is False)
+    lr_story = _lr_story(obs["lr"], onset, end, sc.ctx.history, cfg.patience_obs)
+    lasting = _lasting_cost(sc, ep, loss, n) if recovered else {}
+    # Worse than its trend would have been AND not even back to where it was: the spike cost real progress.
+    costly = bool(lasting and min(lasting["lasting_cost_sigmas"], lasting["lasting_above_level_sigmas"]) >= cfg.lasting_sigmas
+                  and lasting["lasting_above_level"] >= cfg.lasting_rise * abs(base))
+    peak_i = onset + int(np.argmax(zl_c if loss_moved else zg_c))
+    if not persistent or (lr_story["lr_scheduled"] and recovered is not False):
         severity, needs = "info", False
+    elif recovered is False or costly:
+        severity, needs = "critical", True
     else:
-        short = recovered is True and num_loss_out <= SHORT_SPIKE
-        severity = "critical" if recovered is False else ("info" if short else "warning")
-        needs = recovered is False
-    grad_moved_first = bool(np.isfinite(span_grad[0]) and span_grad[0] > base_g + Z_LOW * scale_g
-                            and not span_loss[0] > ep["loss_band"])
+        severity, needs = "warning", False
+    finite_l = loss[onset:end + 1][np.isfinite(loss[onset:end + 1])]
+    peak_loss = float(finite_l.max()) if len(finite_l) else math.nan
+    lg = sc.log_grad.view[onset:end + 1]
+    peak_g = float(np.nanmax(lg)) if np.isfinite(lg).any() else math.nan
+    first_z = (zl_c[0], zg_c[0])
+    grad_first = bool(first_z[1] > cfg.z_band and not first_z[0] > cfg.z_band)
     evidence = {
-        "baseline_loss": base_l, "loss_sigma": scale_l, "peak_loss": peak_loss,
-        "loss_rise": peak_loss - base_l, "observations_out_of_band": num_loss_out,
-        "observations_far_out": num_loss_high,
-        "baseline_grad_norm": math.exp(base_g) if math.isfinite(base_g) else None,
+        "rule": ep.rule, "baseline_loss": base, "loss_sigma": f["scale"], "trend_slope": f["slope"],
+        "peak_loss": peak_loss, "loss_rise": peak_loss - base,
+        "observations_out_of_band": num_out, "observations_far_out": num_far, "threshold_sigmas": f["thr_loss"],
+        "baseline_grad_norm": math.exp(f["glevel"]) if math.isfinite(f["glevel"]) else None,
         "peak_grad_norm": math.exp(peak_g) if math.isfinite(peak_g) else None,
-        "grad_norm_moved_first": grad_moved_first, "blip": blip, "trigger_step": int(steps[ep["trigger"]]),
-        "grad_norm_ratio": (math.exp(float(np.median(span_grad[np.isfinite(span_grad)])) - base_g)
-                            if math.isfinite(base_g) and np.isfinite(span_grad).any() else None),
-        "lr_ratio": _lr_ratio(lr, onset, end),
-        "lr_still_raised": _lr_still_raised(lr, onset, end),
+        "grad_norm_ratio": (math.exp(float(np.nanmedian(lg)) - f["glevel"])
+                            if math.isfinite(f["glevel"]) and np.isfinite(lg).any() else None),
+        "grad_norm_moved_first": grad_first, "blip": not persistent,
+        "trigger_step": int(steps[ep.trigger]),
+        "detected_step": int(steps[min(onset + cfg.patience_obs - 1, n - 1)]) if recovered is False else int(steps[ep.trigger]),
+        **lr_story, **lasting,
+        "recovery_steps": int(steps[ep.recovered_at] - steps[onset]) if ep.recovered_at is not None else None,
     }
-    what = what_blip if blip else "loss spike"
-    span = end - onset + 1
-    state = {True: "back to its pre-spike trend", False: f"not back to trend after {span} observations",
-             None: "not back to trend yet"}[recovered]
-    gn = evidence["peak_grad_norm"]
-    message = (f"{what} from step {int(steps[onset])}: loss {base_l:.4g} -> {peak_loss:.4g}"
-               + (f", grad norm {evidence['baseline_grad_norm']:.3g} -> {gn:.3g}" if gn and evidence["baseline_grad_norm"] else "")
-               + (" (grad norm moved first)" if grad_moved_first else "") + f"; {state}")
-    return Finding(kind="spike", onset_step=int(steps[onset]), end_step=int(steps[end]),
-                   peak_step=int(steps[onset + peak_i]), segment=segment, severity=severity,
-                   self_recovered=recovered, needs_action=needs, evidence=evidence, message=message)
+    return Finding(kind="spike", onset_step=int(steps[onset]), end_step=int(steps[end]), peak_step=int(steps[peak_i]),
+                   segment=sc.ctx.segment, severity=severity, self_recovered=recovered, needs_action=needs,
+                   evidence=evidence, message=_message(evidence, steps[onset], recovered, loss_moved, costly))
 
 
-def detect_spikes(steps: np.ndarray, loss: np.ndarray, grad: np.ndarray, segment: int = 0) -> list[Finding]:
+def _lasting_cost(sc: SpikeScanner, ep: Episode, loss: np.ndarray, n: int) -> dict:
+    """How far above the pre-onset trend carried forward the loss stays once back (the lasting cost), and
+    above the pre-onset level itself: measured after the recovery window, over ``lasting_obs``."""
+    a = ep.recovered_at + sc.cfg.recovery_obs
+    b = min(n, a + sc.cfg.lasting_obs)
+    after = loss[a:b]
+    ok = np.isfinite(after)
+    if ok.sum() < sc.cfg.recovery_obs:
+        return {}
+    f = ep.frozen
+    trend = float(np.median(after[ok] - sc.projection(ep, a, b)[ok]))
+    level = float(np.median(after[ok])) - f["level"]
+    return {"lasting_cost": trend, "lasting_cost_sigmas": trend / f["scale"], "lasting_above_level": level,
+            "lasting_above_level_sigmas": level / f["scale"]}
+
+
+def _message(ev: dict, onset_step: int, recovered: bool | None, loss_moved: bool, costly: bool) -> str:
+    what = ("loss spike" if not ev["blip"] else "one-step loss spike (a bad batch?)") if loss_moved \
+        else "gradient-norm blip"
+    if ev["rule"] == "cusum" and not ev["blip"]:
+        what = "sustained loss rise"
+    text = f"{what} from step {int(onset_step)}: loss {ev['baseline_loss']:.4g} -> {ev['peak_loss']:.4g}"
+    if ev["baseline_grad_norm"] and ev["peak_grad_norm"]:
+        text += f", grad norm {ev['baseline_grad_norm']:.3g} -> {ev['peak_grad_norm']:.3g}"
+    if ev["grad_norm_moved_first"]:
+        text += " (grad norm moved first)"
+    if ev.get("lr_ratio") and ev["lr_ratio"] >= 1.5:
+        text += f" after the LR rose x{ev['lr_ratio']:.3g}" + (" (the schedule)" if ev["lr_scheduled"] else "")
+    if recovered is True:
+        text += f"; back to its trend after {ev['recovery_steps']} steps"
+        if costly:
+            text += f" but {ev['lasting_cost']:.3g} ({ev['lasting_cost_sigmas']:.1f} sigma) above it since"
+    elif recovered is False:
+        text += "; not back to its trend"
+    else:
+        text += "; not back to trend yet"
+    return text
+
+
+def detect_spikes(steps: np.ndarray, loss: np.ndarray, grad: np.ndarray, segment: int = 0,
+                  lr: np.ndarray | None = None, config: object | None = None) -> list[Finding]:
     """Offline: every spike in one segment's observations (rows where the loss was logged)."""
-    scanner = SpikeScanner(segment)
-    loss = np.asarray(loss, dtype=np.float64)
-    grad = np.asarray(grad, dtype=np.float64)
-    scanner.advance(loss, grad)
-    return scanner.findings(np.asarray(steps), loss, grad)
+    from runwatch.detectors.config import DEFAULT
+
+    obs = {"step": np.asarray(steps, dtype=np.int64), "loss": np.asarray(loss, dtype=np.float64),
+           "grad_norm": np.asarray(grad, dtype=np.float64)}
+    obs["lr"] = np.full(len(obs["step"]), np.nan) if lr is None else np.asarray(lr, dtype=np.float64)
+    scanner = SpikeScanner(ScanContext(segment=segment, config=config or DEFAULT))
+    scanner.advance(obs)
+    return scanner.findings(obs)

@@ -3,10 +3,11 @@
 ``StreamingAnalyzer.update(row)`` appends the row to its segment's column
 buffers (amortized O(1), plain Python per row) and advances the detectors once
 per ``BLOCK`` buffered rows, or when findings are asked for: the vectorised
-detectors then run over a block of rows instead of paying numpy's fixed cost on
-every one-row slice (feeding rows in any grouping gives the same findings); ``report()`` assembles findings, segments, health and
-rollback advice exactly as ``analyze`` does. Because both paths run the same
-scanners, streaming and offline give the same findings on the same rows.
+detectors then run over a block of rows instead of paying numpy's fixed cost
+on every one-row slice (feeding rows in any grouping gives the same findings).
+``report()`` assembles findings, segments, health and rollback advice exactly
+as ``analyze`` does. Because both paths run the same scanners, streaming and
+offline give the same findings on the same rows.
 """
 
 from __future__ import annotations
@@ -21,25 +22,33 @@ import pyarrow as pa
 from runwatch.data.record import resume_steps_of
 from runwatch.detectors.advisor import checkpoints_from_events
 from runwatch.detectors.analysis import Report, assemble, checkpoint_seconds
+from runwatch.detectors.config import DEFAULT, DetectorConfig
+from runwatch.detectors.core import Grow
 from runwatch.detectors.finding import Finding, SegmentInfo
 from runwatch.detectors.segment_scan import SegmentDetectors
-from runwatch.detectors.segments import FLOAT_COLUMNS, infos_from_ranges, on_main_line
-from runwatch.detectors.series import BLOCK, Grow
+from runwatch.detectors.segments import FLOAT_COLUMNS, infos_from_ranges, on_main_line, parent_history
+
+BLOCK = 16
+"""Rows buffered before the detectors advance (their blocks are 16 observations)."""
 
 
 class _SegmentBuffer:
-    """Column buffers of one segment's rows, in arrival order."""
+    """Column buffers of one segment's rows, in arrival order; its detectors start at the first flush."""
 
-    def __init__(self, segment: int, seconds: dict[int, float]) -> None:
-        self.detectors = SegmentDetectors(segment, seconds)
-        self.cols: dict[str, Grow] = {"step": Grow(np.int64), "found_inf": Grow(np.bool_)}
+    def __init__(self, segment: int) -> None:
+        self.segment = segment
+        self.detectors: SegmentDetectors | None = None
+        self.cols: dict[str, Grow] = {"step": Grow(np.int64), "found_inf": Grow(np.bool_),
+                                      "found_inf_present": Grow(np.bool_)}
         for name in FLOAT_COLUMNS:
             self.cols[name] = Grow(np.float64)
             self.cols[name + "_present"] = Grow(np.bool_)
 
     def append(self, row: Mapping[str, object]) -> None:
         self.cols["step"].append(int(row["step"]))
-        self.cols["found_inf"].append(bool(row.get("found_inf") or False))
+        found = row.get("found_inf")
+        self.cols["found_inf"].append(bool(found or False))
+        self.cols["found_inf_present"].append(found is not None)
         for name in FLOAT_COLUMNS:
             value = row.get(name)
             present = value is not None
@@ -53,7 +62,9 @@ class _SegmentBuffer:
 class StreamingAnalyzer:
     """Live findings for one run (one rank), updated row by row."""
 
-    def __init__(self, events: pa.Table | list[dict] | None = None) -> None:
+    def __init__(self, events: pa.Table | list[dict] | None = None, *, meta: dict | None = None,
+                 config: DetectorConfig | None = None) -> None:
+        self.meta, self.config = meta or {}, config or DEFAULT
         self._events: list[dict] = []
         self._segments: dict[int, _SegmentBuffer] = {}
         self._current: int | None = None
@@ -63,7 +74,7 @@ class StreamingAnalyzer:
             self.add_event(ev)
 
     def add_event(self, event: Mapping[str, object]) -> None:
-        """A checkpoint (or note) event; checkpoint write times count from segments started after it."""
+        """A checkpoint, resume or note event (give a resume before its segment's rows)."""
         payload = event.get("payload")
         if not isinstance(payload, str):
             payload = json.dumps(payload if isinstance(payload, Mapping) else
@@ -78,7 +89,7 @@ class StreamingAnalyzer:
         """One metrics row (the record's keys; None or missing = not logged). A ``segment`` key, or a
         step that does not advance, starts a new segment."""
         buf = self._append(row)
-        self._pending[buf.detectors.segment] = buf
+        self._pending[buf.segment] = buf
         self._num_pending += 1
         if self._num_pending >= BLOCK:
             self._flush()
@@ -87,14 +98,29 @@ class StreamingAnalyzer:
         """A flush worth of rows: the same result as ``update`` on each, with one detector pass per segment."""
         for row in rows:
             buf = self._append(row)
-            self._pending[buf.detectors.segment] = buf
+            self._pending[buf.segment] = buf
         self._flush()
 
     def _flush(self) -> None:
-        """Advance the detectors over every buffered row (segments are judged independently)."""
-        for buf in self._pending.values():
+        """Advance the detectors over every buffered row (segments in order: a child reads its parent)."""
+        for seg in sorted(self._pending):
+            buf = self._pending[seg]
+            if buf.detectors is None:
+                buf.detectors = self._start(buf)
             buf.detectors.advance(buf.views())
         self._pending, self._num_pending = {}, 0
+
+    def _start(self, buf: _SegmentBuffer) -> SegmentDetectors:
+        """A segment's detectors, seeded with its parent's healthy history (as ``analyze`` does)."""
+        earlier = {k: b.views() for k, b in self._segments.items() if k < buf.segment}
+        findings = [f for k, b in sorted(self._segments.items()) if k < buf.segment and b.detectors is not None
+                    for f in b.detectors.findings()]
+        resume = resume_steps_of(self._events).get(buf.segment)
+        history, resume_step = parent_history(buf.segment, int(buf.cols["step"].view[0]),
+                                              {**earlier, buf.segment: buf.views()}, resume, findings)
+        return SegmentDetectors(buf.segment, self.config, meta=self.meta,
+                                checkpoint_seconds=checkpoint_seconds(self._checkpoints()),
+                                history=history, resume_step=resume_step)
 
     def _append(self, row: Mapping[str, object]) -> _SegmentBuffer:
         segment = row.get("segment")
@@ -105,7 +131,8 @@ class StreamingAnalyzer:
                 segment += 1
         segment = int(segment)
         if segment not in self._segments:
-            self._segments[segment] = _SegmentBuffer(segment, checkpoint_seconds(self._checkpoints()))
+            self._flush()  # the parent's rows are judged before its child starts
+            self._segments[segment] = _SegmentBuffer(segment)
         self._current = segment
         buf = self._segments[segment]
         buf.append(row)
@@ -115,7 +142,9 @@ class StreamingAnalyzer:
         self._flush()
         out: list[Finding] = []
         for seg in sorted(self._segments):
-            out.extend(self._segments[seg].detectors.findings())
+            det = self._segments[seg].detectors
+            if det is not None:
+                out.extend(det.findings())
         return out
 
     def segments(self) -> list[SegmentInfo]:
@@ -132,13 +161,14 @@ class StreamingAnalyzer:
             keep = on_main_line(views["step"], info.segment, infos)
             parts.append({k: v[keep] for k, v in views.items()})
         if not parts:
-            return _SegmentBuffer(0, {}).views()
+            return _SegmentBuffer(0).views()
         merged = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
         order = np.argsort(merged["step"], kind="stable")
         return {k: v[order] for k, v in merged.items()}
 
     def report(self, now: float | None = None, present_paths: set[str] | None = None) -> Report:
-        return assemble(self.raw_findings(), self.segments(), self.main_line(), self._checkpoints(), now, present_paths)
+        return assemble(self.raw_findings(), self.segments(), self.main_line(), self._checkpoints(), now,
+                        present_paths, self.config)
 
     def findings(self, now: float | None = None) -> list[Finding]:
         return self.report(now).findings

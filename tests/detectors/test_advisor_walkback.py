@@ -36,7 +36,8 @@ def _ckpts(steps: list[int]) -> pa.Table:
 def test_checkpoint_early_in_the_climb_is_healthy_on_its_own() -> None:
     rb = analyze(_rows(), _ckpts([1000, 1300, 1430])).rollback
     assert rb is not None and rb.checkpoint_step == 1430, rb and rb.reason
-    assert "act_norm_growth_from" not in rb.evidence and rb.evidence["cutoff_step"] == SPIKE_AT
+    # Checkpoints strictly before the last healthy logged step (2499) qualify.
+    assert "act_norm_growth_from" not in rb.evidence and rb.evidence["cutoff_step"] == SPIKE_AT - 1
 
 
 def test_rejected_climb_moves_the_cutoff_before_it() -> None:

@@ -74,9 +74,10 @@ def test_checkpoint_of_unknown_write_time_keeps_the_interval_ratio_rule() -> Non
     assert _ckpt_run(2.0) == ["stall"]  # a 2 s save leaves 32 s (29 steps) unexplained
 
 
-def test_rollback_is_at_or_before_the_last_logged_healthy_row() -> None:
-    # Logged every 25 steps, checkpoints every 10: the fault at step 2010 shows first at row 2025, so the
-    # checkpoint at 2020 may already hold it; 2000 is the last row known healthy.
+def test_rollback_is_strictly_before_the_last_logged_healthy_row() -> None:
+    # Logged every 25 steps, checkpoints every 10: the fault shows first at row 2025 and began somewhere
+    # after row 2000, the last row known healthy. Checkpoint 2000 holds update 2000, which may have made
+    # the bad loss of step 2001: only a checkpoint before the last healthy row is known clean.
     steps = np.arange(0, 3000, 25)
     n = len(steps)
     loss, grad = loss_curve(n, noise=0.01), grad_curve(n)
@@ -85,7 +86,7 @@ def test_rollback_is_at_or_before_the_last_logged_healthy_row() -> None:
     rows = rows_table(steps, loss=loss, grad_norm=grad)
     events = [{"event": "checkpoint", "step": s, "payload": {"path": f"/ckpt/{s}"}} for s in range(1000, 3000, 10)]
     report = analyze(rows, events_table(events))
-    assert report.rollback is not None and report.rollback.checkpoint_step == 2000
+    assert report.rollback is not None and report.rollback.checkpoint_step == 1990
 
 
 def test_act_norm_rising_since_the_first_observations_is_early_training_not_a_precursor() -> None:

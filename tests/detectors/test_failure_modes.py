@@ -7,7 +7,8 @@ import numpy as np
 from runwatch.detectors.divergence import detect_divergence
 from runwatch.detectors.nan import detect_nan, nonfinite_masks
 from runwatch.detectors.scaler_collapse import detect_scaler_collapse
-from runwatch.detectors.stall import detect_slowdowns, detect_stalls, live_stall
+from runwatch.detectors.slowdown import detect_slowdowns
+from runwatch.detectors.stall import detect_stalls, live_stall
 from tests.detectors.synth import grad_curve, loss_curve
 
 N = 2000

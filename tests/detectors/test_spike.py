@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from runwatch.detectors.spike import RECOVERY_WINDOW, detect_spikes
+from runwatch.detectors.spike import detect_spikes
 from tests.detectors.synth import grad_curve, loss_curve
 
 N = 2000
@@ -51,7 +51,7 @@ def test_unrecovered_spike_needs_action() -> None:
     loss[1000:] += 1.0  # jumps and stays up
     [f] = [f for f in detect_spikes(steps, loss, grad_curve(N)) if f.needs_action]
     assert f.onset_step == 1000 and f.self_recovered is False and f.severity == "critical"
-    assert f.end_step == 1000 + RECOVERY_WINDOW
+    assert f.end_step == N - 1 and f.evidence["recovery_steps"] is None  # followed to the end, never closed early
 
 
 def test_fresh_spike_at_the_end_is_pending_not_an_alarm() -> None:
@@ -77,12 +77,13 @@ def test_sparse_logging_every_100_steps() -> None:
     assert f.onset_step == 25000 and f.self_recovered is True
 
 
-def test_two_step_bad_batch_is_an_info_spike() -> None:
+def test_two_step_bad_batch_is_a_recovered_warning() -> None:
     steps = np.arange(N)
     loss = loss_curve(N)
-    loss[1500:1502] += 5.0  # two corrupt batches, back at once
+    loss[1500:1502] += 5.0  # two corrupt batches, back at once: it persisted past one observation
     [f] = detect_spikes(steps, loss, grad_curve(N))
-    assert (f.onset_step, f.end_step) == (1500, 1501) and f.severity == "info" and not f.needs_action
+    assert (f.onset_step, f.end_step) == (1500, 1501) and f.severity == "warning" and not f.needs_action
+    assert f.self_recovered is True and f.evidence["recovery_steps"] == 2
 
 
 def test_one_step_bad_batch_at_five_times_the_loss_is_info() -> None:
@@ -100,14 +101,16 @@ def test_lr_step_decay_is_not_a_finding() -> None:
     assert detect_spikes(steps, loss, grad_curve(N)) == []
 
 
-def test_heavy_tailed_single_step_bumps_are_not_findings() -> None:
+def test_heavy_tailed_single_step_bumps_are_never_alarms() -> None:
     # modded-nanogpt: many one-step +0.5..1.5 bumps that recover at the next step.
     rng = np.random.default_rng(3)
     steps = np.arange(N)
     loss = loss_curve(N, noise=0.1)
     bumps = rng.choice(np.arange(100, N, 4), size=40, replace=False)  # single steps, never adjacent
     loss[bumps] += rng.uniform(0.5, 1.5, size=40)
-    assert detect_spikes(steps, loss, np.full(N, np.nan)) == []
+    found = detect_spikes(steps, loss, np.full(N, np.nan))
+    assert all(f.severity == "info" and not f.needs_action for f in found)
+    assert len(found) < 40  # the run's own heavy tail raises the single-observation bar
 
 
 @pytest.mark.parametrize("ratio", [5.3, 7.5])

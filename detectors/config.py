@@ -1,0 +1,276 @@
+"""Every detector threshold, in one frozen config per detector, each field saying where its value comes from.
+
+``analyze(..., config=DetectorConfig(...))`` takes them; the defaults are the
+calibrated ones (``bench/calibrate.py`` sweeps the alarm thresholds against a
+false-alarm budget of at most one warning-or-critical finding per 10^6 healthy
+logged steps and publishes the curve). A value's source is one of: a
+statistical argument (stated), a published practice (named), or a measured
+false-alarm rate (``bench/calibrate.py``). Observations, not steps: a log
+written every k steps has one observation per k steps, and every count below
+is in observations unless its name says steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+def _check(cond: bool, what: str) -> None:
+    if not cond:
+        raise ValueError(what)
+
+
+@dataclass(kw_only=True, frozen=True)
+class BaselineConfig:
+    """The robust trailing baseline every residual is measured against (``core.BlockBaseline``)."""
+
+    block: int = 16
+    """Observations per block. A block median of 16 is within ~0.3 sigma of its level (its standard error is
+    1.25 sigma / 4), and a baseline that moves once per 16 observations keeps streaming bit-identical to offline."""
+    window_blocks: int = 4
+    """Completed blocks the level and scale are taken from (64 observations): long enough for a stable MAD,
+    short enough to follow a falling loss."""
+    min_blocks: int = 2
+    """Blocks needed before any residual exists: the first 32 observations of a segment are warm-up."""
+    tail_min_blocks: int = 30
+    """The run's own residual tail is fitted from the maxima of its clean blocks (the block-maxima method of
+    extreme-value theory, a Gumbel law fitted by moments); 30 maxima (480 observations) before it is trusted."""
+    winsor: float = 4.0
+    """Residuals enter the CUSUM clipped at this many sigmas: one huge observation adds at most 3.5 to the sum,
+    so only a sustained shift (or repeated excursions) can reach the alarm level (robust CUSUM)."""
+
+    def __post_init__(self) -> None:
+        _check(self.block >= 4, f"block must be >= 4, got {self.block}")
+        _check(self.window_blocks >= 2, f"window_blocks must be >= 2, got {self.window_blocks}")
+        _check(1 <= self.min_blocks <= self.window_blocks, "min_blocks must be in [1, window_blocks]")
+        _check(self.tail_min_blocks >= 2, "tail_min_blocks must be >= 2")
+        _check(self.winsor > 0, "winsor must be > 0")
+
+
+@dataclass(kw_only=True, frozen=True)
+class SpikeConfig:
+    """Loss spikes: large single excursions (Shewhart) and small sustained shifts (CUSUM) of loss and grad norm."""
+
+    z_band: float = 3.0
+    """Robust sigmas that count as out of the band (an excursion's extent) and back in it (recovery):
+    a Gaussian residual leaves +3 sigma one time in 740."""
+    z_trigger: float = 6.0
+    """Sigmas one observation must reach to open an excursion (Shewhart). 6 sigma is a Gaussian tail of 1e-9;
+    the run's own heavier tail raises it (``tail_risk``), never lowers it."""
+    tail_risk: float = 1e-4
+    """Per-observation risk at which the run's fitted residual tail sets the single-observation threshold:
+    at most ~one annotation per 10^4 observations from noise alone on any run, light- or heavy-tailed."""
+    cusum_k: float = 0.5
+    """CUSUM reference value in sigmas: half the smallest sustained shift worth catching (1 sigma; Montgomery)."""
+    cusum_h: float = 24.0
+    """CUSUM decision interval in sigmas. Siegmund's approximation gives ARL0 ~10^6 near h = 12 for Gaussian
+    residuals; the real residuals' heavy tails and the baseline's own noise need more: set by
+    ``bench/calibrate.py`` at the false-alarm budget (1 alarm per 10^6 healthy steps, all kinds together)."""
+    persist_obs: int = 2
+    """Observations past the trigger threshold an excursion needs to be an alarm; one far-out observation
+    that comes straight back is a bad batch, an 'info' annotation outside the alarm budget."""
+    min_rise: float = 0.01
+    """A loss excursion must rise 1% of the loss level to be reported: practical significance, since a
+    large-batch run's loss noise can be a fraction of a percent."""
+    grad_min_ratio: float = 4.0
+    """A gradient-norm excursion alone must quadruple the norm: healthy runs (llm.c 124M) show 2-3x blips."""
+    recovery_obs: int = 8
+    """In-band observations in a row that end an excursion (recovered), judged against the pre-onset trend
+    carried forward."""
+    patience_obs: int = 16
+    """An excursion still out of band this many observations after it began is not recovered (yet): an alarm
+    that needs action now. If it comes back later it is a (late) recovery."""
+    lasting_sigmas: float = 2.0
+    """A recovered excursion whose loss stays this many sigmas above both the projected pre-onset trend and the
+    pre-onset level itself (median over the observations after the recovery window) left a lasting cost: the
+    run is worse than before the spike, a reason to roll back after all."""
+    lasting_rise: float = 0.01
+    """...and at least this fraction of the loss level, for the same practical reason as ``min_rise``."""
+    lasting_obs: int = 32
+    """Observations after the recovery window over which the lasting cost is measured."""
+    cold_loss_rise: float = 0.5
+    """Before a noise model exists (a log excerpt, a segment's first 32 observations) only gross excursions
+    count: the loss 50% above the median of the earlier observations..."""
+    cold_grad_ratio: float = 2.0
+    """...with the gradient norm (when logged) at least doubled: a per-batch loss bump rarely moves both."""
+    lr_margin: float = 1.5
+    """An excursion that follows an LR rise staying within this factor of the segment's highest earlier LR
+    is the schedule (a warm restart), annotated as 'info'; an LR beyond it (a burst) is the cause of a spike."""
+
+    def __post_init__(self) -> None:
+        _check(0 < self.z_band < self.z_trigger, "need 0 < z_band < z_trigger")
+        _check(0 < self.tail_risk < 0.01, "tail_risk must be in (0, 0.01)")
+        _check(self.cusum_k > 0 and self.cusum_h > 0, "cusum_k and cusum_h must be > 0")
+        _check(self.persist_obs >= 1 and self.recovery_obs >= 1 and self.patience_obs >= 1, "counts must be >= 1")
+        _check(self.grad_min_ratio > 1 and self.cold_grad_ratio > 1, "ratios must be > 1")
+
+
+@dataclass(kw_only=True, frozen=True)
+class DivergenceConfig:
+    """Divergence: a change in slope (the loss climbing block after block), not one jump."""
+
+    min_rise: float = 0.05
+    """The climb must take the loss 5% above its best level (practical significance)..."""
+    z_rise: float = 3.0
+    """...and 3 block-sigmas above it (block medians of 16 have ~1/3 of the per-step noise)."""
+    rising_blocks: int = 3
+    """Block medians rising this many blocks in a row: a climb, not a bump."""
+    sustained: float = 0.75
+    """Fraction of the confirming block above the best level plus half the rise: most of the block is up."""
+    ramp_blocks: int = 32
+    """Blocks the ramp-versus-jump test looks back (a ramp explains a climb better than one step up)."""
+    max_onset_window: int = 512
+    """Observations searched for where the climb began (bounds the hinge fit)."""
+    act_growth: float = 1.2
+    """Activation-norm growth into an onset that counts as its precursor (OPT watched it rise before blow-ups)."""
+    grad_growth: float = 1.5
+    """Gradient-norm growth into an onset that counts as its precursor: the trend broke there."""
+    precursor_act: float = 3.0
+    """Activation norm x3 ..."""
+    precursor_grad: float = 2.0
+    """... with gradient norm x2 on an accelerating climb: divergence before the loss moves (OPT's precursor)."""
+    diverged_grad_ratio: float = 1.5
+    """An unrecovered spike with the gradient norm still this much above its baseline is a divergence."""
+    diverged_lr_ratio: float = 1.5
+    """An unrecovered spike under an LR raised this much is a divergence: the fix is the LR."""
+
+    def __post_init__(self) -> None:
+        _check(self.min_rise > 0 and self.z_rise > 0, "min_rise and z_rise must be > 0")
+        _check(self.rising_blocks >= 2, "rising_blocks must be >= 2")
+        _check(0 < self.sustained <= 1, "sustained must be in (0, 1]")
+
+
+@dataclass(kw_only=True, frozen=True)
+class ScalerConfig:
+    """fp16 loss-scale collapse: steps skipped far above the scaler's own rate, or a scale under 1."""
+
+    floor: float = 1.0
+    """A scale under 1 is wrong: GradScaler's docs and OPT's logbook call it the sign of a broken run."""
+    min_halvings: float = 4.0
+    """Decreases of the logged scale with no growth in between that divide it by 2^4 = 16: the scaler could not
+    regrow between overflows, its scale is sliding (a healthy sawtooth is one or two halvings deep)."""
+    skip_rate: float = 0.05
+    """The skipped-step rate of a collapse (one step in 20), against the scaler's healthy rate of about one
+    skip per growth interval: the two hypotheses of the Bernoulli CUSUM. Runs skipping less often than this
+    still regrow their scale between overflows."""
+    skip_h: float = 15.0
+    """Bernoulli-CUSUM decision interval (log-likelihood ratio, nats): with p0 = 1/1000 each skipped step adds
+    log(p1/p0) = 3.9, so four skips close together alarm; set with ``bench/calibrate.py``."""
+    growth_interval: int = 1000
+    """The scaler's growth interval when the run's metadata does not say (DeepSpeed's and Megatron's
+    ``loss_scale_window`` default; GradScaler's is 2000): the healthy skip rate is about its inverse."""
+    recovered_within: float = 4.0
+    """Halvings: back within 2^4 of the scale before the burst counts as regrown (one step from 8 to 16 does not)."""
+    patience_steps: int = 200
+    """A collapse not over this many steps after its last skip needs action."""
+    calibration_steps: int = 50
+    """Start-up calibration: skips before the scale ever grew, in the first 50 training steps (by step number,
+    not row index), are the scaler halving down from its initial scale to a workable one (one overflow per
+    step: GradScaler and DeepSpeed get there within a few dozen steps)."""
+
+    def __post_init__(self) -> None:
+        _check(self.floor > 0 and self.min_halvings > 0, "floor and min_halvings must be > 0")
+        _check(0 < self.skip_rate < 1 and self.skip_h > 0, "need 0 < skip_rate < 1 and skip_h > 0")
+        _check(self.growth_interval >= 1 and self.calibration_steps >= 0, "bad growth_interval or calibration_steps")
+
+
+@dataclass(kw_only=True, frozen=True)
+class StallConfig:
+    """Stalls: an interval between logged rows that took far longer than its steps should."""
+
+    ratio: float = 10.0
+    """The excess must be worth more than (ratio - 1) expected steps..."""
+    min_seconds: float = 1.0
+    """...and more than a second..."""
+    warn_seconds: float = 60.0
+    """A pause under a minute (an evaluation, a slow save) is an 'info' annotation: it costs less than a
+    checkpoint write and is outside the alarm budget; a longer one is a warning."""
+    z: float = 6.0
+    """...and this many interval sigmas (k times the per-step sigma): coarse logs jitter too."""
+    block: int = 4
+    """Observations per baseline block: a log written every 25 steps must not spend 800 steps in warm-up."""
+    window_blocks: int = 16
+    """Blocks of the per-step time baseline (64 observations)."""
+    live_min_seconds: float = 300.0
+    """Live: silence must also exceed 5 minutes (collectors flush in bulk; a minute of silence is normal)."""
+    live_max_seconds: float = 3 * 86400.0
+    """Silent for more than 3 days: the run ended (or is an archive), it is not 'stalled' any more."""
+
+
+@dataclass(kw_only=True, frozen=True)
+class SlowdownConfig:
+    """Slowdowns: step time sustained above the run's own normal variability, wander included."""
+
+    min_rise: float = 0.04
+    """At least 4% slower: on a large job a node costing 5% of throughput is worth a look (BLOOM lost 5%
+    to one slow GPU)."""
+    warn_rise: float = 0.25
+    """A slowdown of 25% or more is a warning; smaller ones are info."""
+    z: float = 6.0
+    """Sigmas of the run's own variability (within-block jitter and between-block wander together) one
+    observation must exceed to count as slow."""
+    min_sigmas: float = 2.0
+    """The median slowdown over the episode must also be this many sigmas of the run's own variability
+    (wander included): a stretch inside a noisy host's normal wander is not a slowdown."""
+    cusum_k: float = 0.5
+    """CUSUM reference value over the variability-scaled log step time (half a sigma)."""
+    cusum_h: float = 30.0
+    """CUSUM decision interval; set with ``bench/calibrate.py`` on steady and noisy hosts."""
+    block: int = 4
+    """Observations per baseline block (step time is often logged sparsely: every 100 steps)."""
+    window_blocks: int = 8
+    """Blocks of the baseline (32 observations)."""
+    min_obs: int = 3
+    """Slow observations in a row that open a slowdown."""
+    min_steps: int = 16
+    """A slowdown shorter than this many training steps is a hiccup (a GC pause), whatever its size."""
+    min_small_obs: int = 16
+    """A slowdown under ``warn_rise`` must last this many observations (shared machines jitter)."""
+
+
+@dataclass(kw_only=True, frozen=True)
+class BadResumeConfig:
+    """A resume that restored a damaged state: the new segment starts far above the parent's healthy level."""
+
+    first_obs: int = 8
+    """The new segment's first observations that are compared with the parent's baseline at the resume step."""
+    z: float = 6.0
+    """Their median must lie this many of the parent's sigmas above its level (a median of 8 is ~0.44 sigma
+    noisy: 6 sigma is far past chance)..."""
+    min_rise: float = 0.05
+    """...and 5% above it (practical significance: a resume re-warming its optimizer state bumps a little)."""
+
+
+@dataclass(kw_only=True, frozen=True)
+class AdviceConfig:
+    """Rollback advice: which checkpoint, which batches, and when findings stop being alarms."""
+
+    health_window: int = 64
+    """Observations before a checkpoint that must look healthy (OPT criteria)."""
+    replay_before: int = 100
+    """Batches before the onset to start skipping (PaLM restarted ~100 steps before a spike)..."""
+    skip_after: int = 100
+    """...and after the peak..."""
+    min_skip: int = 200
+    """...at least this many in all (PaLM skipped ~200-500 batches)."""
+    recent_obs: int = 100
+    """A finding that needs no action stays open (health 'watching') while it ended within the last
+    max(recent_obs, recent_fraction of the main line) observations; after that it is history."""
+    recent_fraction: float = 0.05
+
+
+@dataclass(kw_only=True, frozen=True)
+class DetectorConfig:
+    """All detector settings: ``analyze(rows, events, config=DetectorConfig(spike=SpikeConfig(cusum_h=30)))``."""
+
+    baseline: BaselineConfig = field(default_factory=BaselineConfig)
+    spike: SpikeConfig = field(default_factory=SpikeConfig)
+    divergence: DivergenceConfig = field(default_factory=DivergenceConfig)
+    scaler: ScalerConfig = field(default_factory=ScalerConfig)
+    stall: StallConfig = field(default_factory=StallConfig)
+    slowdown: SlowdownConfig = field(default_factory=SlowdownConfig)
+    bad_resume: BadResumeConfig = field(default_factory=BadResumeConfig)
+    advice: AdviceConfig = field(default_factory=AdviceConfig)
+
+
+DEFAULT = DetectorConfig()

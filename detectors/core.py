@@ -1,0 +1,348 @@
+"""The statistical core every detector stands on: robust residuals, two control charts, an extreme-value
+tail, and one episode lifecycle.
+
+- ``BlockBaseline``: a signal's robust trailing level and scale (median of block medians, 1.4826 x MAD),
+  computed per block of observations from completed blocks only, so a baseline never sees the observation
+  it judges and streaming is bit-identical to offline. Blocks that overlapped an episode are kept out of
+  later baselines (River's "protect the detector"); the baseline of an open episode is frozen at its onset.
+  It also keeps the maxima of the clean blocks, from which ``tail_threshold`` reads the run's own
+  extreme-value tail (block maxima, Gumbel by moments).
+- ``cusum``: the one-sided CUSUM S_t = max(0, S_{t-1} + r_t - k), vectorised (the Lindley recursion
+  closed form), with its change-point estimate (the last t with S_t = 0).
+- ``first_run``: where m consecutive observations first satisfy a test (the "back in band" rule).
+- ``Episode``: what every detector opens at an onset, follows, and closes.
+
+Residual r_t = (x_t - level_t) / scale_t; the Shewhart rule reads r_t > k, the CUSUM reads the sum of
+r_t - k. See ../shared/DETECTION.md for the background.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+MAD_TO_SIGMA = 1.4826
+"""The MAD of a normal sample is 0.6745 sigma."""
+EULER_GAMMA = 0.5772156649
+
+
+def row_median(values: np.ndarray, min_finite: int | None = None) -> np.ndarray:
+    """Median of the finite values of each row of a 2-D array; NaN for a row with fewer than
+    ``min_finite`` finite values (default: half the row).
+
+    Written out (sort, pick) rather than ``np.nanmedian`` so that one row and
+    many rows give bit-identical answers (streaming must equal offline).
+    """
+    values = np.where(np.isfinite(values), values, np.nan)
+    ordered = np.sort(values, axis=1)  # NaN sorts last
+    num_finite = np.isfinite(ordered).sum(axis=1)
+    lo = np.clip((num_finite - 1) // 2, 0, values.shape[1] - 1)
+    hi = np.clip(num_finite // 2, 0, values.shape[1] - 1)
+    rows = np.arange(values.shape[0])
+    med = (ordered[rows, lo] + ordered[rows, hi]) * 0.5
+    need = (values.shape[1] + 1) // 2 if min_finite is None else min_finite
+    return np.where(num_finite >= max(need, 1), med, np.nan)
+
+
+def block_stats(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Median and MAD of each row (a block of observations)."""
+    med = row_median(values)
+    mad = row_median(np.abs(values - med[:, None]))
+    return med, mad
+
+
+def safe_log(values: np.ndarray) -> np.ndarray:
+    """log of the positive finite values; NaN elsewhere (a zero or NaN grad norm is not a ratio)."""
+    out = np.full(len(values), np.nan)
+    ok = np.isfinite(values) & (values > 0)
+    out[ok] = np.log(values[ok])
+    return out
+
+
+TAIL_QUANTUM = 1024
+"""Block maxima enter the tail sums as integers in units of 1/1024 sigma (capped at +-1000 sigma): integer
+sums are exact whatever the order blocks are added and removed in, so streaming equals offline bit for bit."""
+
+
+def _quantize(values: np.ndarray) -> np.ndarray:
+    return np.round(np.clip(values, -1000.0, 1000.0) * TAIL_QUANTUM).astype(np.int64)
+
+
+class Grow:
+    """A growing 1-D array with amortized O(1) appends: the buffers of incremental detectors."""
+
+    def __init__(self, dtype: type = np.float64, capacity: int = 256) -> None:
+        self._data = np.empty(capacity, dtype=dtype)
+        self.size = 0
+
+    def extend(self, values: np.ndarray) -> None:
+        need = self.size + len(values)
+        if need > len(self._data):
+            grown = np.empty(max(need, 2 * len(self._data)), dtype=self._data.dtype)
+            grown[: self.size] = self._data[: self.size]
+            self._data = grown
+        self._data[self.size:need] = values
+        self.size = need
+
+    def append(self, value: object) -> None:
+        if self.size == len(self._data):
+            grown = np.empty(2 * len(self._data), dtype=self._data.dtype)
+            grown[: self.size] = self._data[: self.size]
+            self._data = grown
+        self._data[self.size] = value
+        self.size += 1
+
+    def truncate(self, size: int) -> None:
+        self.size = min(self.size, max(size, 0))
+
+    @property
+    def view(self) -> np.ndarray:
+        return self._data[: self.size]
+
+
+class BlockBaseline:
+    """Robust trailing level and scale of one signal, per block, protected from episodes.
+
+    ``level`` is the lower of the median of the trailing block medians and the
+    last block's median (with ``follow_last``): the median resists a spike
+    inside one block, the last block follows a falling loss without lagging a
+    window behind. ``scale`` is 1.4826 x the median block MAD; ``total_scale``
+    adds the between-block spread of the medians in quadrature (beyond what
+    the noise of a median explains), so a run whose level wanders for tens of
+    observations (data order, a shared host) has that wander in its normal
+    variability; with ``wander`` that is the scale. Both are floored so a constant series does not make every
+    rounding error an infinite z-score.
+    """
+
+    def __init__(self, *, block: int, window: int, min_blocks: int, rel_floor: float, abs_floor: float,
+                 follow_last: bool = True, wander: bool = False) -> None:
+        self.block, self.window, self.min_blocks = block, window, min_blocks
+        self.rel_floor, self.abs_floor = rel_floor, abs_floor
+        self.follow_last, self.wander = follow_last, wander
+        self.med, self.mad, self.tmid = Grow(), Grow(), Grow()
+        self.excluded = Grow(np.bool_)
+        self._level, self._scale = Grow(), Grow()  # cache: block j's baseline from the blocks before it
+        self._total = Grow()  # the scale with the between-block wander added in quadrature
+        self._max = Grow()  # per block: largest residual seen while scanning it outside an episode
+        self._in_tail = Grow(np.bool_)
+        self._tail = [0, 0, 0]  # sum, sum of squares, count of the clean block maxima (fixed point: exact)
+
+    @property
+    def num_blocks(self) -> int:
+        return self.med.size
+
+    def update(self, values: np.ndarray, coords: np.ndarray | None = None) -> None:
+        """Absorb every block of ``values`` (the whole series so far) completed since the last call."""
+        done, ready = self.med.size, len(values) // self.block
+        if ready <= done:
+            return
+        chunk = values[done * self.block: ready * self.block].reshape(-1, self.block)
+        med, mad = block_stats(chunk)
+        self.med.extend(med)
+        self.mad.extend(mad)
+        if coords is not None:
+            self.tmid.extend(row_median(coords[done * self.block: ready * self.block].reshape(-1, self.block)))
+        self.excluded.extend(np.zeros(ready - done, dtype=bool))
+
+    def _ensure(self, last_block: int) -> None:
+        """Compute the cached baseline of blocks ``cached .. last_block`` from the current exclusions."""
+        first = self._level.size
+        if last_block < first:
+            return
+        js = np.arange(first, last_block + 1)
+        nb = min(self.med.size, last_block)
+        valid = np.flatnonzero(~self.excluded.view[:nb])
+        k = np.searchsorted(valid, js)  # valid blocks before each j
+        idx = k[:, None] - self.window + np.arange(self.window)[None, :]
+        have = idx >= 0
+        pick = valid[np.clip(idx, 0, max(len(valid) - 1, 0))] if len(valid) else np.zeros_like(idx)
+        med_w = np.where(have, self.med.view[pick] if len(valid) else np.nan, np.nan)
+        mad_w = np.where(have, self.mad.view[pick] if len(valid) else np.nan, np.nan)
+        enough = np.isfinite(med_w).sum(axis=1) >= self.min_blocks
+        centre = row_median(med_w, self.min_blocks)
+        last = med_w[:, -1]
+        level = np.where(np.isfinite(last), np.fmin(centre, last), centre) if self.follow_last else centre
+        spread = MAD_TO_SIGMA * row_median(mad_w, 1)
+        # The wander: how far the block medians stray from their centre, beyond what the within-block noise
+        # of a median of ``block`` observations explains (its standard error is ~1.25 sigma / sqrt(block)).
+        between = MAD_TO_SIGMA * row_median(np.abs(med_w - centre[:, None]), self.min_blocks)
+        noise = np.where(np.isfinite(spread), spread, 0.0)
+        excess = np.maximum(np.where(np.isfinite(between), between, 0.0) ** 2 - 1.57 * noise ** 2 / self.block, 0.0)
+        total = np.sqrt(noise ** 2 + excess)
+        floor = self.rel_floor * np.abs(level) + self.abs_floor
+        scale = np.fmax(np.where(np.isfinite(spread), spread, floor), floor)
+        total = np.fmax(total, scale)
+        if self.wander:
+            scale = total
+        self._level.extend(np.where(enough, level, np.nan))
+        self._scale.extend(np.where(enough, scale, np.nan))
+        self._total.extend(np.where(enough, total, np.nan))
+
+    def at(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+        """Level and scale for observations lo..hi-1 (NaN where the segment is still warming up)."""
+        if hi <= lo:
+            return np.empty(0), np.empty(0)
+        blocks = np.arange(lo, hi) // self.block
+        self._ensure(int(blocks[-1]))
+        return self._level.view[blocks], self._scale.view[blocks]
+
+    def total_scale(self, lo: int, hi: int) -> np.ndarray:
+        """The scale with the between-block wander added in quadrature, for observations lo..hi-1 (after ``at``)."""
+        return self._total.view[np.arange(lo, hi) // self.block]
+
+    def slope(self, i: int, decreasing: bool = True) -> tuple[float, float]:
+        """(slope per unit coordinate, coordinate span) of the trailing window of observation i's block.
+
+        Tukey's resistant line through the block medians (the median of the
+        later half minus the median of the earlier half, over the distance of
+        their coordinates); clamped to <= 0 with ``decreasing`` (a loss
+        baseline never projects a rise). The span bounds how far the line may
+        be carried forward.
+        """
+        j = i // self.block
+        nb = min(self.med.size, j)
+        valid = np.flatnonzero(~self.excluded.view[:nb])[-self.window:]
+        if len(valid) < 4 or self.tmid.size < nb:
+            return 0.0, 0.0
+        half = len(valid) // 2
+        early, late = valid[:half], valid[-half:]
+        m, t = self.med.view, self.tmid.view
+        dt = float(np.median(t[late]) - np.median(t[early]))
+        if not (dt > 0 and np.isfinite(m[valid]).all()):
+            return 0.0, 0.0
+        slope = float(np.median(m[late]) - np.median(m[early])) / dt
+        return (min(slope, 0.0) if decreasing else slope), float(t[valid[-1]] - t[valid[0]])
+
+    def note_scanned(self, lo: int, z: np.ndarray) -> None:
+        """Residuals ``z`` of observations lo.. were scanned outside any episode: keep each block's maximum,
+        and once a block is complete and scanned, its maximum joins the tail (unless excluded)."""
+        if not len(z):
+            return
+        first, last = lo // self.block, (lo + len(z) - 1) // self.block
+        while self._max.size <= last:
+            self._max.append(np.nan)
+            self._in_tail.append(False)
+        starts = np.concatenate([[0], np.arange((first + 1) * self.block, (last + 1) * self.block, self.block) - lo])
+        seg_max = np.maximum.reduceat(np.where(np.isfinite(z), z, -np.inf), starts)
+        view = self._max.view
+        view[first:last + 1] = np.fmax(view[first:last + 1], np.where(np.isfinite(seg_max), seg_max, np.nan))
+        done = (lo + len(z)) // self.block  # blocks fully scanned
+        bs = np.arange(first, min(done, last + 1))
+        if not len(bs):
+            return
+        has_base = bs < self._level.size
+        level = np.where(has_base, self._level.view[np.minimum(bs, max(self._level.size - 1, 0))], np.nan) \
+            if self._level.size else np.full(len(bs), np.nan)
+        ok = ~self._in_tail.view[bs] & ~self.excluded.view[bs] & np.isfinite(view[bs]) & np.isfinite(level)
+        q = _quantize(view[bs[ok]])
+        self._tail[0] += int(q.sum())
+        self._tail[1] += int((q * q).sum())
+        self._tail[2] += int(ok.sum())
+        self._in_tail.view[bs[ok]] = True
+
+    def _add_tail(self, b: int, sign: int) -> None:
+        q = int(_quantize(self._max.view[b:b + 1])[0])
+        self._tail[0] += sign * q
+        self._tail[1] += sign * q * q
+        self._tail[2] += sign
+        self._in_tail.view[b] = sign > 0
+
+    def tail_threshold(self, risk: float, min_blocks: int) -> float:
+        """The residual a single observation exceeds with probability ``risk``, from the run's own clean block
+        maxima (a Gumbel law fitted by moments); NaN until ``min_blocks`` maxima exist."""
+        total, squares, count = self._tail
+        if count < min_blocks:
+            return math.nan
+        mean = total / count / TAIL_QUANTUM
+        var = max(squares / count / TAIL_QUANTUM ** 2 - mean * mean, 0.0)
+        beta = math.sqrt(6.0 * var) / math.pi
+        loc = mean - EULER_GAMMA * beta
+        p_block = -math.expm1(self.block * math.log1p(-risk))  # P(block max exceeds) = 1 - (1 - risk)^block
+        return loc - beta * math.log(-math.log1p(-p_block))
+
+    def exclude(self, lo: int, hi: int) -> None:
+        """Keep observations lo..hi (an episode) out of every later baseline and out of the tail."""
+        first, last = lo // self.block, hi // self.block
+        while self.excluded.size <= last:
+            self.excluded.append(False)
+        view = self.excluded.view
+        view[first:last + 1] = True
+        for b in range(first, min(last + 1, self._in_tail.size)):
+            if self._in_tail.view[b]:
+                self._add_tail(b, -1)
+        for cache in (self._level, self._scale, self._total):  # later blocks have a new history
+            cache.truncate(first + 1)
+
+
+def cusum(inc: np.ndarray, s0: float, zero0: int, offset: int) -> tuple[np.ndarray, np.ndarray]:
+    """One-sided CUSUM over increments ``inc`` (r_t - k), starting from S = ``s0``.
+
+    Returns S for each increment and the change-point estimate at each: the
+    index (``offset``-based) of the last observation where S was 0, ``zero0``
+    when it has not been 0 in this chunk. Closed form of the Lindley recursion
+    S_t = max(0, S_{t-1} + inc_t): S_t = C_t - min(0, min_{j<=t} C_j) with C the
+    running sum from ``s0``.
+    """
+    if not len(inc):
+        return np.empty(0), np.empty(0, dtype=np.int64)
+    c = s0 + np.cumsum(inc)
+    s = c - np.minimum.accumulate(np.minimum(c, 0.0))
+    at_zero = np.where(s <= 0.0, np.arange(len(inc)) + offset, -1)
+    last_zero = np.maximum.accumulate(at_zero)
+    return s, np.where(last_zero < 0, zero0, last_zero)
+
+
+def first_run(ok: np.ndarray, m: int, carry: int) -> tuple[int, int]:
+    """Where ``m`` consecutive True values first complete, counting ``carry`` True values just before ``ok``.
+
+    Returns (start, carry'): ``start`` is the index in ``ok`` of the run's first
+    value (negative when the run began before ``ok``; ``len(ok)`` when no run
+    completed) and carry' the number of True values ending ``ok`` (capped at m).
+    """
+    ext = np.concatenate([np.ones(min(carry, m), dtype=bool), ok])
+    pre = min(carry, m)
+    if len(ext) >= m:
+        csum = np.concatenate([[0], np.cumsum(ext)])
+        full = np.flatnonzero(csum[m:] - csum[:-m] == m)
+        if len(full):
+            return int(full[0]) - pre, 0
+    falses = np.flatnonzero(~ext)
+    tail = len(ext) - (int(falses[-1]) + 1) if len(falses) else len(ext)
+    return len(ok), min(tail, m)
+
+
+@dataclass
+class Episode:
+    """One excursion a detector opened: the shared lifecycle (open -> follow -> closed or still open).
+
+    Indices are observation indices in the detector's own series. The baseline
+    is frozen at the onset; ``recovered_at`` is the first observation of the
+    in-band run that closed it (None while open).
+    """
+
+    onset: int
+    """First observation of the excursion (not where the rule fired)."""
+    trigger: int
+    """Observation at which the rule fired."""
+    rule: str
+    """Which rule opened it (e.g. 'shewhart', 'cusum', 'chain', 'skip_rate')."""
+    frozen: dict = field(default_factory=dict)
+    """The baseline numbers frozen at the onset (level, scale, slope, ...)."""
+    end: int = -1
+    """Last observation still affected (while open: the last one seen)."""
+    recovered_at: int | None = None
+    """First observation of the in-band run that ended it; None while open."""
+    carry: int = 0
+    """In-band observations in a row at the end of the last call (the run may complete in the next)."""
+    data: dict = field(default_factory=dict)
+    """Detector-specific facts gathered while following."""
+
+    @property
+    def is_open(self) -> bool:
+        return self.recovered_at is None
+
+    def close(self, recovered_at: int) -> None:
+        self.recovered_at = recovered_at
+        self.end = recovered_at - 1

@@ -1,0 +1,51 @@
+"""The detector registry: every failure mode runwatch knows, in one place.
+
+Adding a detector is one module implementing ``scanner.Scanner``, one line
+here and its test. ``KINDS`` (what a finding may be), the kinds that never
+need a rollback and the dashboard's performance kinds all come from this
+table. Scanner classes are imported on first use, so the record types
+(``finding``) can read the kinds without importing every detector.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from functools import cache
+
+
+@dataclass(frozen=True)
+class DetectorSpec:
+    kind: str
+    scanner: str
+    """``module:Class`` under ``runwatch.detectors``."""
+    series: str
+    """The observations it reads: 'loss' (rows with a loss), 'scale' (rows with a loss scale or a skip flag),
+    'time' (rows with a wall time), 'step_time', or 'rows' (every row)."""
+    can_need_rollback: bool
+    """Whether a finding of this kind can call for a rollback (speed problems never do)."""
+    performance: bool = False
+    """A speed finding (shown with the step-time chart rather than the loss)."""
+
+
+REGISTRY: tuple[DetectorSpec, ...] = (
+    DetectorSpec("spike", "spike:SpikeScanner", "loss", True),
+    DetectorSpec("divergence", "divergence:DivergenceScanner", "loss", True),
+    DetectorSpec("bad_resume", "bad_resume:BadResumeScanner", "loss", True),
+    DetectorSpec("scaler_collapse", "scaler_collapse:ScalerScanner", "scale", True),
+    DetectorSpec("nan", "nan:NanScanner", "rows", True),
+    DetectorSpec("stall", "stall:StallScanner", "time", False, performance=True),
+    DetectorSpec("slowdown", "slowdown:SlowdownScanner", "step_time", False, performance=True),
+)
+
+KINDS: tuple[str, ...] = tuple(d.kind for d in REGISTRY)
+NO_ROLLBACK_KINDS: frozenset[str] = frozenset(d.kind for d in REGISTRY if not d.can_need_rollback)
+PERFORMANCE_KINDS: frozenset[str] = frozenset(d.kind for d in REGISTRY if d.performance)
+
+
+@cache
+def scanner_class(kind: str) -> type:
+    """The scanner class registered for ``kind``."""
+    spec = next(d for d in REGISTRY if d.kind == kind)
+    module, name = spec.scanner.split(":")
+    return getattr(importlib.import_module(f"runwatch.detectors.{module}"), name)
