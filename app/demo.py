@@ -57,8 +57,10 @@ class DemoPlan:
 
     @property
     def rollback_step(self) -> int:
-        """The last checkpoint before the LR jump (checkpoint k holds the state after steps 0..k-1)."""
-        return (self.lr_jump_at // self.checkpoint_every) * self.checkpoint_every
+        """The last clean checkpoint before the LR jump: checkpoint k holds the update of step k, and the first
+        update with the jumped LR is ``lr_jump_at`` (its loss shows at the next step), so it is the latest
+        checkpoint at or before ``lr_jump_at - 1``."""
+        return (self.lr_jump_at - 1) // self.checkpoint_every * self.checkpoint_every
 
 
 class Progress:
@@ -135,17 +137,16 @@ def _train_segment(root: Path, run: str, plan: DemoPlan, *, start: int, stop: in
     data = _batches(plan, seed, start)
     ckpt_dir = root / CHECKPOINT_DIR / run
     ckpt_dir.mkdir(parents=True, exist_ok=True)
+    # A resume from the checkpoint of step s (the state after update s) trains on from step s + 1.
     mon = Monitor(root, run, model=model, scaler=scaler, activation_module=model.blocks[-1],
                   config=MonitorConfig(flush_every_steps=25, flush_every_seconds=2.0),
-                  resume_step=start if resume_from is not None else None, resume_checkpoint=resume_from,
+                  resume_step=start - 1 if resume_from is not None else None, resume_checkpoint=resume_from,
                   skip_batches=skip, meta={"demo": True})
     with mon:
-        step = start
-        while step < stop:
+        for step in range(start, stop):
             batch = next(data)
             if skip is not None and skip[0] <= step <= skip[1]:
-                step += 1  # the skipped batch is consumed, not trained on: data position moves on
-                progress.advance(f"{run} skip {step}")
+                progress.advance(f"{run} skip {step}")  # the skipped batch is consumed, not trained on
                 continue
             lr = cosine_lr(step, base_lr=plan.base_lr, warmup=30, total=plan.num_steps + 100)
             if faults:
@@ -154,8 +155,8 @@ def _train_segment(root: Path, run: str, plan: DemoPlan, *, start: int, stop: in
             loss, grad_norm = train_step(model, optimizer, batch, scaler=scaler)
             tokens = (step + 1) * plan.batch_size * cfg.seq_len
             mon.step(step, loss=loss, grad_norm=grad_norm, lr=lr, tokens=tokens, samples=(step + 1) * plan.batch_size)
-            step += 1
-            if step % plan.checkpoint_every == 0 and step < stop:
+            if step > 0 and step % plan.checkpoint_every == 0 and step < stop - 1:
+                # The README loop: after step s's update, save and record checkpoint s.
                 path = ckpt_dir / f"step-{step:06d}.pt"
                 t0 = time.perf_counter()
                 torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
@@ -177,7 +178,7 @@ def record_demo(root: str | Path, plan: DemoPlan | None = None, *, runs: tuple[s
     rollback_stop = plan.lr_jump_at + (plan.stop_after_jump if plan.rollback_after_jump is None
                                        else plan.rollback_after_jump)
     cost = {"demo-healthy": plan.num_steps, "demo-diverged": fault_stop,
-            "demo-rollback": rollback_stop + plan.num_steps - resume}
+            "demo-rollback": rollback_stop + plan.num_steps - resume - 1}
     progress = Progress(sum(cost[r] for r in runs), progress_out)
     if "demo-healthy" in runs:
         _train_segment(root, "demo-healthy", plan, start=0, stop=plan.num_steps, faults=False,
@@ -188,7 +189,7 @@ def record_demo(root: str | Path, plan: DemoPlan | None = None, *, runs: tuple[s
         _train_segment(root, "demo-rollback", plan, start=0, stop=rollback_stop, faults=True, progress=progress)
         checkpoint = root / CHECKPOINT_DIR / "demo-rollback" / f"step-{resume:06d}.pt"
         skip = (plan.lr_jump_at, plan.lr_jump_at + plan.skip_batches - 1)
-        _train_segment(root, "demo-rollback", plan, start=resume, stop=plan.num_steps, faults=False,
+        _train_segment(root, "demo-rollback", plan, start=resume + 1, stop=plan.num_steps, faults=False,
                        progress=progress, resume_from=checkpoint, skip=skip, finished=True)
     return list(runs)
 

@@ -22,7 +22,12 @@ from runwatch.detectors.advisor import advise, checkpoints_from_events
 from runwatch.detectors.config import DEFAULT, DetectorConfig
 from runwatch.detectors.finding import Finding, Rollback, SegmentInfo, clean_json
 from runwatch.detectors.segment_scan import SegmentDetectors
-from runwatch.detectors.segments import main_line, parent_history, segment_infos, split_segments
+from runwatch.detectors.segments import (
+    main_line,
+    parent_history,
+    segment_infos,
+    split_segments,
+)
 from runwatch.detectors.stall import live_stall
 
 LOSS_KINDS = ("spike", "divergence")
@@ -79,8 +84,11 @@ def _as_divergence(f: Finding, cfg: DetectorConfig) -> Finding:
                f"{f.evidence['peak_loss']:.4g} and stayed up ({', '.join(why)})")
     if f.evidence.get("lr_still_raised"):
         message += "; the learning rate jumped at the onset and is still up"
+    # A divergence begins where the trend broke: the gradient or activation norm growing into the jump.
+    onset = min(f.onset_step, f.evidence.get("trend_break_step") or f.onset_step)
     return dataclasses.replace(f, kind="divergence", message=message, self_recovered=False, needs_action=True,
-                               severity="critical", evidence={**f.evidence, "from_spike": True})
+                               severity="critical", onset_step=onset,
+                               evidence={**f.evidence, "from_spike": True, "loss_jump_step": f.onset_step})
 
 
 def overlaps(a: Finding, b: Finding) -> bool:

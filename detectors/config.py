@@ -32,9 +32,10 @@ class BaselineConfig:
     short enough to follow a falling loss."""
     min_blocks: int = 2
     """Blocks needed before any residual exists: the first 32 observations of a segment are warm-up."""
-    tail_min_blocks: int = 30
+    tail_min_blocks: int = 12
     """The run's own residual tail is fitted from the maxima of its clean blocks (the block-maxima method of
-    extreme-value theory, a Gumbel law fitted by moments); 30 maxima (480 observations) before it is trusted."""
+    extreme-value theory, a Gumbel law fitted by moments) once 12 maxima (192 observations) exist: enough for a
+    first estimate, which can only raise the bar above the Gaussian one."""
     winsor: float = 4.0
     """Residuals enter the CUSUM clipped at this many sigmas: one huge observation adds at most 3.5 to the sum,
     so only a sustained shift (or repeated excursions) can reach the alarm level (robust CUSUM)."""
@@ -67,8 +68,9 @@ class SpikeConfig:
     residuals; the real residuals' heavy tails and the baseline's own noise need more: set by
     ``bench/calibrate.py`` at the false-alarm budget (1 alarm per 10^6 healthy steps, all kinds together)."""
     persist_obs: int = 2
-    """Observations past the trigger threshold an excursion needs to be an alarm; one far-out observation
-    that comes straight back is a bad batch, an 'info' annotation outside the alarm budget."""
+    """Consecutive observations past the trigger threshold an excursion needs to be an alarm; one far-out
+    observation that comes straight back (or two far apart: heavy-tailed noise) is an 'info' annotation
+    outside the alarm budget."""
     min_rise: float = 0.01
     """A loss excursion must rise 1% of the loss level to be reported: practical significance, since a
     large-batch run's loss noise can be a fraction of a percent."""
@@ -78,8 +80,8 @@ class SpikeConfig:
     """In-band observations in a row that end an excursion (recovered), judged against the pre-onset trend
     carried forward."""
     patience_obs: int = 16
-    """An excursion still out of band this many observations after it began is not recovered (yet): an alarm
-    that needs action now. If it comes back later it is a (late) recovery."""
+    """An excursion not back in band (``recovery_obs`` in a row) this many observations after it began is not
+    recovered (yet): an alarm that needs action now. If it comes back later it is a (late) recovery."""
     lasting_sigmas: float = 2.0
     """A recovered excursion whose loss stays this many sigmas above both the projected pre-onset trend and the
     pre-onset level itself (median over the observations after the recovery window) left a lasting cost: the
@@ -114,7 +116,8 @@ class DivergenceConfig:
     z_rise: float = 3.0
     """...and 3 block-sigmas above it (block medians of 16 have ~1/3 of the per-step noise)."""
     rising_blocks: int = 3
-    """Block medians rising this many blocks in a row: a climb, not a bump."""
+    """The last this-many block medians all past the rise threshold and each above the one before: still
+    climbing after it got there (a spike that jumped and is coming back down is not a climb)."""
     sustained: float = 0.75
     """Fraction of the confirming block above the best level plus half the rise: most of the block is up."""
     ramp_blocks: int = 32

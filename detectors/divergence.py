@@ -185,9 +185,13 @@ class DivergenceScanner:
             self.best = (m, b, MAD_TO_SIGMA * float(mad[b]))
             return
         k = cfg.rising_blocks
-        if b < self.min_blocks + 1 or b - self.best[1] < k or m - self.best[0] < self._threshold():
+        if b < self.min_blocks + k or b - self.best[1] < k:
             return
-        if not all(med[b - i] > med[b - i - 1] for i in range(k)):
+        # Still climbing after it got there: the last k block medians are all past the rise threshold and
+        # each above the one before (a spike that jumped and is coming back down is not a climb).
+        if not all(med[b - i] - self.best[0] >= self._threshold() for i in range(k)):
+            return
+        if not all(med[b - i] > med[b - i - 1] for i in range(k - 1)):
             return
         last = loss[b * self.block:(b + 1) * self.block]
         if np.mean(last > self.best[0] + 0.5 * self._threshold()) < cfg.sustained:

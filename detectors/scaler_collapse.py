@@ -56,6 +56,7 @@ class ScalerScanner:
         self.episode: dict | None = None
         self.closed: list[dict] = []
         self.all_skips = Grow()  # skipped steps on every row so far
+        self.intervals = Grow()  # the growth interval in force at every row
         self.chain: dict | None = None  # the halving chain in progress
         self.chain_closed: list[dict] = []
         self.chain_prev, self.chain_grew = math.nan, False
@@ -67,6 +68,7 @@ class ScalerScanner:
             return
         skips, grew_at, interval = self._skips(lo, n, obs)
         self.all_skips.extend(skips)
+        self.intervals.extend(interval)
         self._chains(lo, n, steps, scale)
         prev = np.concatenate([[self.prev_step if self.prev_step is not None else int(steps[lo]) - 1], steps[lo:n - 1]])
         span = np.maximum(steps[lo:n] - prev, 1)
@@ -207,7 +209,7 @@ class ScalerScanner:
         k = np.cumsum(skips[::-1])[::-1][skips > 0]  # skips from each candidate to the alarm
         prev = np.where(cand > 0, steps[np.maximum(cand - 1, 0)], steps[cand] - 1)
         m = np.maximum(steps[alarm] - prev, k)
-        p0 = min(1.0 / self.interval, self.cfg.skip_rate / 2)
+        p0 = min(1.0 / float(self.intervals.view[alarm]), self.cfg.skip_rate / 2)
         p = np.clip(k / m, p0, 1 - 1e-12)
         llr = k * np.log(p / p0) + (m - k) * np.log((1 - p) / (1 - p0))
         return int(cand[int(np.argmax(llr))])
@@ -228,7 +230,7 @@ class ScalerScanner:
                 ep["min"], ep["min_i"] = float(x[k]), a + k
 
     def findings(self, obs: Observations) -> list[Finding]:
-        steps, scale = obs["step"], obs["loss_scale"]
+        steps = obs["step"]
         items = [(ep, True) for ep in self.closed + self.chain_closed]
         items += [(ep, None) for ep in (self.episode, self.chain) if ep is not None and self._counts(ep)]
         items = [(ep, rec) for ep, rec in items if self._counts(ep)]
@@ -265,7 +267,9 @@ class ScalerScanner:
         still_skipping = recovered is None and ep["last_skip"] >= n - 2
         if recovered is None and (below or still_skipping or int(steps[n - 1]) - int(steps[ep["last_skip"]]) > cfg.patience_steps):
             recovered = False
-        needs = recovered is False
+        # A scale still 16x (or more) below where it was is a run training at degraded precision now: act,
+        # unlike a young loss excursion, it cannot come back within a few steps (regrowth takes growth intervals).
+        needs = recovered is not True
         halvings = math.log2(before / low) if math.isfinite(low) and math.isfinite(before) and 0 < low < before else 0.0
         evidence = {"scale_before": before if math.isfinite(before) else None,
                     "scale_min": low if math.isfinite(low) else None, "halvings": halvings,

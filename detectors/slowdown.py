@@ -19,7 +19,14 @@ import math
 
 import numpy as np
 
-from runwatch.detectors.core import BlockBaseline, Episode, Grow, cusum, first_run, safe_log
+from runwatch.detectors.core import (
+    BlockBaseline,
+    Episode,
+    Grow,
+    cusum,
+    first_run,
+    safe_log,
+)
 from runwatch.detectors.finding import Finding
 from runwatch.detectors.scanner import Observations, ScanContext
 

@@ -29,7 +29,15 @@ import math
 
 import numpy as np
 
-from runwatch.detectors.core import BlockBaseline, Episode, Grow, cusum, first_run, safe_log
+from runwatch.detectors.core import (
+    BlockBaseline,
+    Episode,
+    Grow,
+    cusum,
+    first_run,
+    safe_log,
+)
+from runwatch.detectors.divergence import growth_start
 from runwatch.detectors.finding import Finding
 from runwatch.detectors.scanner import Observations, ScanContext
 
@@ -269,7 +277,10 @@ def _lr_story(lr: np.ndarray, onset: int, end: int, history: int, patience: int)
     ratio = lr_cause / lr_before
     after = lr[end:end + 1]
     still = bool(ratio >= 1.5 and len(after) and np.isfinite(after[0]) and after[0] >= 1.5 * lr_before)
-    earlier = lr[history:max(history, onset - 1)]
+    window = lr[max(history, onset - 17):onset + 1]
+    rise = np.flatnonzero(np.isfinite(window) & (window >= 1.5 * lr_before))
+    rise_at = max(history, onset - 17) + int(rise[0]) if len(rise) else onset
+    earlier = lr[history:rise_at]  # the LR the run trained at before this rise
     earlier = earlier[np.isfinite(earlier)]
     held = lr[onset:onset + patience]
     # The schedule: the LR went back to a level the run already trained at and stayed there (a warm restart).
@@ -291,16 +302,17 @@ def classify(sc: SpikeScanner, ep: Episode, obs: Observations) -> Finding | None
         rise = (loss[onset:end + 1] - sc.projection(ep, onset, end + 1)) / abs(base)
     far = (zl_c > f["thr_loss"]) & (rise >= cfg.min_rise)
     num_far, num_out = int(far.sum()), int((zl_c > cfg.z_band).sum())
+    far_run = _longest_run(far)
     winsor_sum = float(np.sum(np.minimum(np.where(np.isfinite(zl), zl, 0.0), sc.winsor) - cfg.cusum_k))
     loss_moved = num_far > 0 or ep.rule == "cusum"
     grad_far = math.isfinite(f["glevel"]) and bool(np.any((zg_c > f["thr_grad"]) & (zg_c * f["gscale"] >= math.log(cfg.grad_min_ratio))))
-    if ep.is_open:
-        recovered = False if n - onset >= cfg.patience_obs and np.nan_to_num(zl_c[-1:], neginf=np.inf)[0] > cfg.z_band else None
+    if ep.is_open:  # out for longer than the patience allows: not recovered (yet; a later recovery still counts)
+        recovered = False if n - onset >= cfg.patience_obs else None
     else:
         recovered = True
     if not loss_moved and (not grad_far or recovered is not True):
         return None  # the gradient norm alone moved to a new level: a trend, not an excursion
-    persistent = loss_moved and (num_far >= cfg.persist_obs or winsor_sum >= cfg.cusum_h or recovered is False)
+    persistent = loss_moved and (far_run >= cfg.persist_obs or winsor_sum >= cfg.cusum_h or recovered is False)
     lr_story = _lr_story(obs["lr"], onset, end, sc.ctx.history, cfg.patience_obs)
     lasting = _lasting_cost(sc, ep, loss, n) if recovered else {}
     # Worse than its trend would have been AND not even back to where it was: the spike cost real progress.
@@ -333,9 +345,29 @@ def classify(sc: SpikeScanner, ep: Episode, obs: Observations) -> Finding | None
         **lr_story, **lasting,
         "recovery_steps": int(steps[ep.recovered_at] - steps[onset]) if ep.recovered_at is not None else None,
     }
+    if recovered is False:  # if this turns out a divergence, its onset is where the trend broke (see analysis)
+        evidence["trend_break_step"] = _trend_break(sc, obs, onset)
     return Finding(kind="spike", onset_step=int(steps[onset]), end_step=int(steps[end]), peak_step=int(steps[peak_i]),
                    segment=sc.ctx.segment, severity=severity, self_recovered=recovered, needs_action=needs,
                    evidence=evidence, message=_message(evidence, steps[onset], recovered, loss_moved, costly))
+
+
+def _trend_break(sc: SpikeScanner, obs: Observations, onset: int) -> int:
+    """The step where the gradient or activation norm began growing into the onset (the onset if neither did)."""
+    steps, at = obs["step"], int(obs["step"][onset])
+    cfg = sc.ctx.config.divergence
+    starts = [growth_start(steps, obs[name], at, ratio) for name, ratio in
+              (("grad_norm", cfg.grad_growth), ("act_norm", cfg.act_growth)) if name in obs]
+    first = int(steps[sc.ctx.history]) if sc.ctx.history < len(steps) else at
+    return min([at] + [s for s in starts if s is not None and s >= first])
+
+
+def _longest_run(mask: np.ndarray) -> int:
+    """Length of the longest run of True values."""
+    if not mask.any():
+        return 0
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], mask.astype(np.int8), [0]])))
+    return int((edges[1::2] - edges[::2]).max())
 
 
 def _lasting_cost(sc: SpikeScanner, ep: Episode, loss: np.ndarray, n: int) -> dict:

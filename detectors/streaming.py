@@ -26,7 +26,12 @@ from runwatch.detectors.config import DEFAULT, DetectorConfig
 from runwatch.detectors.core import Grow
 from runwatch.detectors.finding import Finding, SegmentInfo
 from runwatch.detectors.segment_scan import SegmentDetectors
-from runwatch.detectors.segments import FLOAT_COLUMNS, infos_from_ranges, on_main_line, parent_history
+from runwatch.detectors.segments import (
+    FLOAT_COLUMNS,
+    infos_from_ranges,
+    on_main_line,
+    parent_history,
+)
 
 BLOCK = 16
 """Rows buffered before the detectors advance (their blocks are 16 observations)."""

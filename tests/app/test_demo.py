@@ -21,7 +21,9 @@ def test_rollback_run_has_an_abandoned_branch_and_skips(demo_root: Path) -> None
         events = store.events("demo-rollback")
         main = store.main_line("demo-rollback")
     assert [s["segment"] for s in segments] == [0, 1]
-    assert segments[0]["abandoned_from"] == plan.rollback_step  # the restart cut segment 0 there
+    # Resumed from checkpoint s (the state after update s): segment 0's rows after s are the abandoned branch.
+    assert segments[0]["abandoned_from"] == plan.rollback_step + 1
+    assert [e["step"] for e in events.to_pylist() if e["event"] == "resume"] == [plan.rollback_step]
     resume = [json.loads(e["payload"]) for e in events.to_pylist() if e["event"] == "resume"]
     assert resume[0]["skip_batches"] == [plan.lr_jump_at, plan.lr_jump_at + plan.skip_batches - 1]
     assert Path(resume[0]["checkpoint"]).is_file()  # a real torch.save file
@@ -44,7 +46,9 @@ def test_diverged_run_needs_action_with_rollback_advice(demo_root: Path) -> None
     with Store(demo_root) as store:
         report = analyze(store.rows("demo-diverged", rank=0), store.events("demo-diverged"), now=time.time())
     assert report.health == "action needed"
-    assert report.rollback is not None and report.rollback.checkpoint_step <= plan.lr_jump_at
+    # The LR jump acts through update lr_jump_at: checkpoint lr_jump_at already holds it, so the advice is the
+    # latest checkpoint before the last healthy logged step.
+    assert report.rollback is not None and report.rollback.checkpoint_step == plan.rollback_step
     recovered = [f for f in report.findings if f.kind == "spike" and f.self_recovered]
     assert any(abs(f.onset_step - plan.bad_batches[0]) <= 2 for f in recovered)  # the spike that came back
 

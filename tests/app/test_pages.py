@@ -69,7 +69,7 @@ def test_run_page_shows_segments_of_a_rollback(monkeypatch: pytest.MonkeyPatch, 
     at = open_page(monkeypatch, demo_root, "run", run="demo-rollback")
     no_errors(at)
     segments = at.dataframe[-1].value
-    assert segments["segment"].tolist() == [0, 1] and segments["abandoned_from"].iloc[0] == 120
+    assert segments["segment"].tolist() == [0, 1] and segments["abandoned_from"].iloc[0] == 121
 
 
 @pytest.mark.parametrize("name", ["../etc", "run=x/../../y", "a b", ".hidden"])
