@@ -166,3 +166,18 @@ def test_one_element_tensors_of_any_shape_are_taken(tmp_path: Path) -> None:
         rows = store.rows("shapes")
     assert rows["loss"].to_pylist() == [2.0, 3.0, 4.0, None]
     assert rows["grad_norm"].to_pylist() == [0.5, 0.5, 0.5, 0.25]
+
+
+def test_sync_counter_attributes_syncs_to_their_caller() -> None:
+    """The probe the integration tests rely on: runwatch's syncs are counted, the framework's are not."""
+    import numpy as np
+
+    from runwatch.collectors.writer import MetricsBatch, batch_table
+    from tests.collectors.probes import RUNWATCH_DIR
+
+    batch = MetricsBatch("r", 0, 0, [{"step": 0}], ["loss"], torch.ones(1, 1, dtype=torch.float64),
+                         np.ones((1, 1), dtype=bool), None)
+    with SyncCounter(only_from=RUNWATCH_DIR) as counter:
+        torch.tensor(1.0).item()  # the test's own: not runwatch's
+        batch_table(batch)  # the writer (on its own thread in real use) reads the host copy with .numpy()
+    assert counter.calls == ["numpy"] and counter.num_other == 1
