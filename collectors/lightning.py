@@ -14,7 +14,8 @@ global step k is a checkpoint at step k and the next logged step is k+1):
   returns them (``{"loss": loss, "tokens": n}``, n for this batch; the
   running total is kept in the callback's checkpoint state);
 - checkpoints: every ``trainer.save_checkpoint`` (``ModelCheckpoint``'s too),
-  with its blocking write time and size; ``fit(ckpt_path=...)`` starts a new
+  with its blocking write time and size, and those ``save_top_k`` deleted
+  later as notes (seen at the next save); ``fit(ckpt_path=...)`` starts a new
   segment with a resume event at the checkpoint's step.
 
 No hook syncs the host with the device. Works with ``lightning`` and
@@ -36,6 +37,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from runwatch.collectors.checkpoints import CheckpointLedger
 from runwatch.collectors.monitor import Monitor, MonitorConfig
 from runwatch.collectors.signals import final_layer, fused_grad_norm
 
@@ -68,6 +70,7 @@ class RunwatchCallback(*_callback_bases()):
         self.config = dataclasses.replace(config or MonitorConfig(), compute_grad_norm=False)
         self.meta = dict(meta or {})
         self.monitor: Monitor | None = None
+        self._ledger = CheckpointLedger()
         self.tokens: int | torch.Tensor = 0
         self.samples: int | torch.Tensor = 0
         self._loss: torch.Tensor | None = None
@@ -124,6 +127,8 @@ class RunwatchCallback(*_callback_bases()):
 
     def on_train_end(self, trainer: Any, pl_module: nn.Module) -> None:
         """Called when training ends normally: the run is finished."""
+        if self.monitor is not None:
+            self._ledger.check(self.monitor, trainer.global_step)
         self._close(finished=True)
 
     def on_exception(self, trainer: Any, pl_module: nn.Module, exception: BaseException) -> None:
@@ -178,7 +183,7 @@ class RunwatchCallback(*_callback_bases()):
             start = time.perf_counter()
             save(filepath, *args, **kwargs)
             if self.monitor is not None:
-                self.monitor.checkpoint(trainer.global_step, filepath, write_seconds=time.perf_counter() - start)
+                self._ledger.saved(self.monitor, trainer.global_step, filepath, time.perf_counter() - start)
 
         trainer.save_checkpoint = save_checkpoint
         self._undo.append(lambda: vars(trainer).pop("save_checkpoint", None))

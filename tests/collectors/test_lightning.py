@@ -91,7 +91,9 @@ def test_fit_checkpoints_and_resume_are_recorded(tmp_path: Path) -> None:
 
     data = DataLoader(Batches(40), batch_size=None)
     ckpt_dir = tmp_path / "ckpt"
-    saver = pl.callbacks.ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=5, save_top_k=-1)
+    # Keep the latest two: the step-4 checkpoint is deleted once step 12 is saved.
+    saver = pl.callbacks.ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=4, save_top_k=2, monitor="step",
+                                         mode="max")
     trainer, callback = _trainer(pl, tmp_path, "lt", 12, callbacks=[saver], gradient_clip_val=0.1,
                                  accumulate_grad_batches=2)
     module = make_module(pl)
@@ -117,27 +119,30 @@ def test_fit_checkpoints_and_resume_are_recorded(tmp_path: Path) -> None:
     assert rows["tokens"].to_pylist() == [2 * k * BATCH * CFG.seq_len for k in range(1, 13)]
     assert set(rows["lr"].to_pylist()) == {3e-3} and rows["loss_scale"].null_count == 12
     checkpoints = [(e["step"], json.loads(e["payload"])) for e in events if e["event"] == "checkpoint"]
-    assert [s for s, _ in checkpoints] == [5, 10]
-    for step, payload in checkpoints:
+    assert [s for s, _ in checkpoints] == [4, 8, 12]
+    for step, payload in checkpoints[1:]:
         path = Path(payload["path"])
         assert path.name == f"epoch=0-step={step}.ckpt" and payload["bytes"] == path.stat().st_size
         assert 0 < payload["write_seconds"] < 60
+    assert checkpoints[0][1]["bytes"] > 0 and not Path(checkpoints[0][1]["path"]).exists()
+    deleted = [(e["step"], json.loads(e["payload"])) for e in events if e["event"] == "note"]
+    assert deleted == [(12, {"path": checkpoints[0][1]["path"], "deleted": True, "checkpoint_step": 4})]
 
-    # Resume from the step-5 checkpoint: a new segment, a resume event at step 5, rows from 6 on.
-    resume_from = ckpt_dir / "epoch=0-step=5.ckpt"
-    trainer2, callback2 = _trainer(pl, tmp_path, "lt", 9, accumulate_grad_batches=2)
+    # Resume from the step-8 checkpoint: a new segment, a resume event at step 8, rows from 9 on.
+    resume_from = ckpt_dir / "epoch=0-step=8.ckpt"
+    trainer2, callback2 = _trainer(pl, tmp_path, "lt", 11, accumulate_grad_batches=2)
     trainer2.fit(make_module(pl), data, ckpt_path=str(resume_from))
     with Store(tmp_path / "store") as store:
         segments = store.segments("lt").to_pylist()
         resume = [e for e in store.events("lt").to_pylist() if e["event"] == "resume"]
         main = store.main_line("lt")
     assert [(s["segment"], s["first_step"], s["last_step"], s["abandoned_from"]) for s in segments] == [
-        (0, 1, 12, 6), (1, 6, 9, None)]
-    assert [(e["segment"], e["step"]) for e in resume] == [(1, 5)]
+        (0, 1, 12, 9), (1, 9, 11, None)]
+    assert [(e["segment"], e["step"]) for e in resume] == [(1, 8)]
     assert json.loads(resume[0]["payload"])["checkpoint"] == str(resume_from)
-    assert main["step"].to_pylist() == list(range(1, 10))
+    assert main["step"].to_pylist() == list(range(1, 12))
     # The data position came back with the checkpoint: no reset to zero on resume.
-    assert main["tokens"].to_pylist()[5:] == [2 * k * BATCH * CFG.seq_len for k in range(6, 10)]
+    assert main["tokens"].to_pylist()[8:] == [2 * k * BATCH * CFG.seq_len for k in range(9, 12)]
 
 
 def test_loss_scale_of_an_explicit_fp16_scaler(tmp_path: Path) -> None:
