@@ -76,9 +76,9 @@ class StepBuffer:
         if hasattr(self, "_values"):  # widening (a new tensor-valued extra): a device-side copy, no sync
             values[:, : self._values.shape[1]].copy_(self._values)
         self._values = values
-        # One 0-dim view per cell, made at a row's first use: a step picks its cells
-        # instead of indexing the tensor (each index would be a dispatched op).
-        self._cells: list[tuple[torch.Tensor, ...] | None] = [None] * self.capacity
+        # One 0-dim view per cell, made here once: a step picks its cells instead of
+        # indexing the tensor (each index would be a dispatched op on the training thread).
+        self._cells = [row.unbind(0) for row in values.unbind(0)]
 
     def layout(self, names: tuple[str, ...], lagged: str | None = None) -> RowLayout:
         """The layout of a row holding ``names`` (in that order); ``lagged`` names a lagged column."""
@@ -109,16 +109,13 @@ class StepBuffer:
         if row >= self.capacity:
             raise RuntimeError("StepBuffer.put on a full buffer; drain it first")
         if tensors:
-            cells = self._cells[row]
-            if cells is None:
-                cells = self._cells[row] = self._values[row].unbind(0)
             grad = torch.is_grad_enabled()
             # Copies into the buffer must never join the autograd graph (a loss that still
             # requires grad would chain every step's graph to the buffer).
             torch._C._set_grad_enabled(False)
             try:
                 # non_blocking: a host-side value goes up without waiting; device values are device copies.
-                torch._foreach_copy_(layout.pick(cells), tensors, non_blocking=True)
+                torch._foreach_copy_(layout.pick(self._cells[row]), tensors, non_blocking=True)
             finally:
                 torch._C._set_grad_enabled(grad)
         if layout.lagged is not None and lag_start is not None:

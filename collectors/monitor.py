@@ -229,40 +229,40 @@ class Monitor:
         values = (*given, act, scale, found_inf, *extra.values())
         # The kind of step (which fields are tensors, numbers or absent) picks a plan made once;
         # per step there is no per-field work in Python, and one device copy for all tensors.
-        key = (tuple(map(type, values)), tuple(extra), lag_start is not None)
-        plan = self._plans.get(key) or self._new_plan(key)
+        plan = self._plans.get((tuple(map(type, values)), tuple(extra), lag_start is not None))
+        if plan is None:
+            plan = self._new_plan(values, extra, lag_start is not None)
         for err in plan.errors:
             self._fail("Monitor.step", err)
         pending = self._pending
+        buffer = pending.buffer
         tensors = plan.pick_device(values)
-        if tensors and pending.buffer is None:
-            pending.buffer = self._new_buffer(tensors[0].device)
-            # A buffer created mid-flush first gets an empty row per earlier host row.
-            for _ in pending.host_rows:
-                pending.buffer.put(pending.buffer.layout(()), ())
-        if pending.buffer is not None:  # every step takes a buffer row: rows stay aligned
-            self._put(pending.buffer, plan, tensors, lag_start)
+        if tensors and buffer is None:
+            buffer = pending.buffer = self._new_buffer(tensors[0].device)
+            for _ in pending.host_rows:  # a buffer made mid-flush: an empty row per earlier row
+                buffer.put(buffer.layout(()), ())
+        if buffer is not None:  # every step takes a buffer row: rows stay aligned
+            if plan.layout is None:
+                plan.layout = buffer.layout(plan.device_names, plan.lagged)
+            try:
+                buffer.put(plan.layout, tensors, lag_start)
+            except RuntimeError:  # shapes or devices the fused copy cannot take: check field by field
+                self._put_checked(buffer, plan, tensors, lag_start)
         host = dict(zip(plan.host_names, plan.pick_host(values)))
         host["step"], host["time"] = int(step), time.time()
         pending.host_rows.append(host)
 
-    def _new_plan(self, key: tuple) -> StepPlan:
+    def _new_plan(self, values: tuple[Any, ...], extra: dict[str, Any], lagged: bool) -> StepPlan:
         if len(self._plans) >= _MAX_PLANS:  # names that change every step: keep memory bounded
             self._plans.clear()
-        plan = self._plans[key] = StepPlan.make(FIELD_NAMES + key[1], key[0], lagged="loss_scale" if key[2] else None)
+        types, names = tuple(map(type, values)), tuple(extra)
+        plan = self._plans[(types, names, lagged)] = StepPlan.make(FIELD_NAMES + names, types,
+                                                                   lagged="loss_scale" if lagged else None)
         return plan
 
-    def _put(self, buffer: StepBuffer, plan: StepPlan, tensors: tuple[torch.Tensor, ...],
-             lag_start: torch.Tensor | float | None) -> None:
-        layout = plan.layouts.get(buffer)
-        if layout is None:
-            layout = plan.layouts[buffer] = buffer.layout(plan.device_names, plan.lagged)
-        if plan.fast:
-            try:
-                buffer.put(layout, tensors, lag_start)
-                return
-            except RuntimeError:
-                plan.fast = False  # shapes or devices the fused copy cannot take: the checked path from now on
+    def _put_checked(self, buffer: StepBuffer, plan: StepPlan, tensors: tuple[torch.Tensor, ...],
+                     lag_start: torch.Tensor | float | None) -> None:
+        """The slow path: each tensor checked (one element), reshaped and moved to the buffer's device."""
         names, checked = [], []
         for name, value in zip(plan.device_names, tensors):
             if value.numel() != 1:

@@ -10,12 +10,12 @@ kind with two C-level ``itemgetter`` calls and one fused device copy.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from runwatch.collectors.buffer import picker
+from runwatch.collectors.buffer import RowLayout, picker
 from runwatch.data.record import METRIC_COLUMNS, is_valid_extra_name
 
 _HOST_SCALARS = (bool, int, float, np.integer, np.floating)
@@ -40,8 +40,7 @@ class StepPlan:
     pick_host: Callable[[tuple], tuple]
     errors: tuple[Exception, ...]
     lagged: str | None
-    fast: bool = True  # False once the fused copy failed for this kind of step
-    layouts: dict = field(default_factory=dict)  # StepBuffer -> RowLayout
+    layout: RowLayout | None = None  # where these tensors go in the monitor's buffer, once it exists
 
     @classmethod
     def make(cls, names: tuple[str, ...], types: tuple[type, ...], lagged: str | None) -> "StepPlan":
