@@ -1,9 +1,10 @@
 """``Monitor``: the zero-sync collector a PyTorch training loop calls once per step.
 
 Per step, tensor values (loss, grad norm, loss scale, found-inf, activation
-norm, tensor extras) are copied into a device buffer (``StepBuffer``) and
-host values (step, wall time, tokens, Python numbers) into host lists; no
-value leaves the device. Every ``flush_every_steps`` steps or
+norm, tensor extras) go into a device buffer (``StepBuffer``) with one fused
+copy, following a ``StepPlan`` made once per kind of step, and host values
+(step, wall time, tokens, Python numbers) into host rows; no value leaves
+the device. Every ``flush_every_steps`` steps or
 ``flush_every_seconds`` seconds one non-blocking copy moves the buffer to host
 memory and a background thread (``BackgroundWriter``) writes it as Parquet
 under ``ROOT/run=<id>/segment=<k>/rank=<r>/``. Nothing raised in here reaches
