@@ -77,8 +77,9 @@ def make_module(pl: object, inject_inf_at: frozenset[int] = frozenset()) -> obje
     return TinyModule()
 
 
-def _trainer(pl: object, root: Path, run: str, max_steps: int, **kw: object) -> tuple[object, RunwatchCallback]:
-    callback = RunwatchCallback(root / "store", run=run)
+def _trainer(pl: object, root: Path, run: str, max_steps: int, activation_module: str | None = None,
+             **kw: object) -> tuple[object, RunwatchCallback]:
+    callback = RunwatchCallback(root / "store", run=run, activation_module=activation_module)
     extra = kw.pop("callbacks", [])
     trainer = pl.Trainer(max_steps=max_steps, accelerator="cpu", devices=1, logger=False,
                          enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
@@ -172,11 +173,16 @@ def test_loss_scale_of_an_explicit_fp16_scaler(tmp_path: Path) -> None:
 
 def test_pytorch_lightning_import_works_too(tmp_path: Path) -> None:
     pl = importlib.import_module("pytorch_lightning")
-    trainer, callback = _trainer(pl, tmp_path, "ptl", 4)
+    trainer, callback = _trainer(pl, tmp_path, "ptl", 4, activation_module="model.blocks.0")  # a named module
     assert isinstance(callback, pl.Callback)
-    trainer.fit(make_module(pl), DataLoader(Batches(8), batch_size=None))
+    module = make_module(pl)
+    first_block: list[torch.Tensor] = []
+    module.model.blocks[0].register_forward_hook(lambda m, i, out: first_block.append(activation_rms(out)))
+    trainer.fit(module, DataLoader(Batches(8), batch_size=None))
     with Store(tmp_path / "store") as store:
         rows = store.rows("ptl")
         meta = store.meta("ptl")
     assert rows["step"].to_pylist() == [1, 2, 3, 4] and rows["grad_norm"].null_count == 0
+    torch.testing.assert_close(torch.tensor(rows["act_norm"].to_pylist(), dtype=torch.float64),
+                               torch.stack(first_block).double())
     assert meta["framework"].startswith("pytorch_lightning ") and meta["finished"] is True
