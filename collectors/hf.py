@@ -47,7 +47,7 @@ try:
 except ImportError as err:
     raise ImportError("runwatch.collectors.hf needs transformers: pip install 'runwatch[hf]'") from err
 
-from runwatch.collectors.checkpoints import CheckpointLedger
+from runwatch.collectors.frameworks import CheckpointLedger, never_raises
 from runwatch.collectors.monitor import Monitor, MonitorConfig
 from runwatch.collectors.signals import final_layer
 
@@ -97,11 +97,13 @@ class RunwatchTrainerCallback(TrainerCallback):
         self._loss = self._grad_norm = self._lr = None
         self._last_event = time.perf_counter()
 
+    @never_raises
     def on_optimizer_step(self, args: Any, state: Any, control: Any, optimizer: Any = None, **kwargs: Any) -> None:
         """Called after the optimizer step, before the scheduler's: the learning rate this update used."""
         if optimizer is not None:
             self._lr = optimizer.param_groups[0]["lr"]
 
+    @never_raises
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Called after each optimizer step, global_step already counting it: one row at that step."""
         if self.monitor is not None:
@@ -111,14 +113,17 @@ class RunwatchTrainerCallback(TrainerCallback):
         self._loss = self._grad_norm = None
         self._last_event = time.perf_counter()
 
+    @never_raises
     def on_log(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Called after logging: a save that follows starts after it."""
         self._last_event = time.perf_counter()
 
+    @never_raises
     def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Called after an evaluation: a save that follows starts after it."""
         self._last_event = time.perf_counter()
 
+    @never_raises
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Called after a checkpoint save: checkpoint-<global_step> holds global_step updates."""
         if self.monitor is not None:
@@ -126,6 +131,7 @@ class RunwatchTrainerCallback(TrainerCallback):
             self._ledger.saved(self.monitor, state.global_step, path, time.perf_counter() - self._last_event)
         self._last_event = time.perf_counter()
 
+    @never_raises
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Called when training ends normally: the run is finished."""
         if self.monitor is not None:
@@ -148,8 +154,7 @@ class RunwatchTrainerCallback(TrainerCallback):
 
         def kept_training_step(*args: Any, **kwargs: Any) -> torch.Tensor:
             loss = training_step(*args, **kwargs)
-            if isinstance(loss, torch.Tensor):  # summed over micro-batches on the device, as the Trainer does
-                self._loss = loss if self._loss is None else self._loss + loss
+            self._keep_loss(loss)
             return loss
 
         def kept_clip_grad_norm_(*args: Any, **kwargs: Any) -> Any:
@@ -160,6 +165,11 @@ class RunwatchTrainerCallback(TrainerCallback):
         trainer.accelerator.clip_grad_norm_ = kept_clip_grad_norm_
         self._undo.append(lambda: vars(trainer).pop("training_step", None))
         self._undo.append(lambda: vars(trainer.accelerator).pop("clip_grad_norm_", None))
+
+    @never_raises
+    def _keep_loss(self, loss: Any) -> None:
+        if isinstance(loss, torch.Tensor):  # summed over micro-batches on the device, as the Trainer does
+            self._loss = loss if self._loss is None else self._loss + loss
 
     def _close(self, *, finished: bool) -> None:
         if self.monitor is not None:

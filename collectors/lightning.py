@@ -37,7 +37,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from runwatch.collectors.checkpoints import CheckpointLedger
+from runwatch.collectors.frameworks import CheckpointLedger, never_raises
 from runwatch.collectors.monitor import Monitor, MonitorConfig
 from runwatch.collectors.signals import final_layer, fused_grad_norm
 
@@ -104,12 +104,14 @@ class RunwatchCallback(*_callback_bases()):
         self._clip_reports = self._keep_clip_norm(trainer)
         self._time_saves(trainer)
 
+    @never_raises
     def on_before_optimizer_step(self, trainer: Any, pl_module: nn.Module, optimizer: Any) -> None:
         """Called after backward and unscaling, before clipping: the fused norm, unless clipping reports one."""
         clips = (trainer.gradient_clip_val or 0) > 0 and (trainer.gradient_clip_algorithm or "norm") == "norm"
         if not (clips and self._clip_reports):
             self._grad_norm = fused_grad_norm(pl_module.parameters())
 
+    @never_raises
     def on_train_batch_end(self, trainer: Any, pl_module: nn.Module, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         """Called after each batch; records once per optimizer step, at step = global_step."""
@@ -125,16 +127,19 @@ class RunwatchCallback(*_callback_bases()):
                           samples=self.samples if _reported(self.samples) else None)
         self._loss = self._grad_norm = None
 
+    @never_raises
     def on_train_end(self, trainer: Any, pl_module: nn.Module) -> None:
         """Called when training ends normally: the run is finished."""
         if self.monitor is not None:
             self._ledger.check(self.monitor, trainer.global_step)
         self._close(finished=True)
 
+    @never_raises
     def on_exception(self, trainer: Any, pl_module: nn.Module, exception: BaseException) -> None:
         """Called when fit raises: keep what was recorded; the run stays live (and may turn stalled)."""
         self._close(finished=False)
 
+    @never_raises
     def teardown(self, trainer: Any, pl_module: nn.Module, stage: str) -> None:
         """Called at the end of fit/validate/test: nothing of ours stays wrapped."""
         self._unwrap()

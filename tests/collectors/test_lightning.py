@@ -37,7 +37,7 @@ class Batches(Dataset):
         return self.items[i]
 
 
-def make_module(pl: object, inject_inf_at: frozenset[int] = frozenset()) -> object:
+def make_module(pl: object, inject_inf_at: frozenset[int] = frozenset(), tokens_of: object = None) -> object:
     """A LightningModule around TinyGPT that keeps, for the test, what the callback should record."""
 
     class TinyModule(pl.LightningModule):
@@ -57,7 +57,8 @@ def make_module(pl: object, inject_inf_at: frozenset[int] = frozenset()) -> obje
             logits = self.model(batch_BT[:, :-1])
             loss = F.cross_entropy(logits.float().flatten(0, 1), batch_BT[:, 1:].flatten())
             self.micro_losses.append(loss.detach())
-            return {"loss": loss, "tokens": batch_BT[:, :-1].numel()}
+            tokens = batch_BT[:, :-1].numel() if tokens_of is None else tokens_of(batch_idx)
+            return {"loss": loss, "tokens": tokens}
 
         def on_after_backward(self) -> None:
             if self.global_step + 1 in inject_inf_at:
@@ -186,3 +187,21 @@ def test_pytorch_lightning_import_works_too(tmp_path: Path) -> None:
     torch.testing.assert_close(torch.tensor(rows["act_norm"].to_pylist(), dtype=torch.float64),
                                torch.stack(first_block).double())
     assert meta["framework"].startswith("pytorch_lightning ") and meta["finished"] is True
+
+
+def test_a_failing_hook_never_interrupts_training(tmp_path: Path) -> None:
+    """Token counts whose shapes change make the callback's own addition raise: counted, and training goes on.
+
+    (The first bad count is rejected by Monitor.step, which warns once; the
+    failed additions after it are counted by the hook's guard. Without the
+    guard the RuntimeError would end the fit at the second batch.)
+    """
+    import lightning.pytorch as pl
+
+    trainer, callback = _trainer(pl, tmp_path, "bad", 6)
+    module = make_module(pl, tokens_of=lambda i: torch.ones(2 + i % 2))  # (2,), then (3,): cannot be added
+    with pytest.warns(RuntimeWarning, match="runwatch: .* failed"):
+        trainer.fit(module, DataLoader(Batches(8), batch_size=None))
+    assert trainer.global_step == 6 and callback.monitor.num_errors >= 3
+    with Store(tmp_path / "store") as store:
+        assert store.meta("bad")["finished"] is True  # the run was still closed normally
