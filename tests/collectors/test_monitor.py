@@ -177,10 +177,11 @@ def test_time_based_flush_writes_before_close(tmp_path: Path) -> None:
         assert not list(tmp_path.glob("**/*.parquet"))
         time.sleep(0.25)
         mon.step(3, loss=torch.tensor(1.0))  # more than 0.2 s since the last flush: this step flushes
-        deadline = time.monotonic() + 10
-        while not list(tmp_path.glob("**/*.parquet")) and time.monotonic() < deadline:
+        deadline = time.monotonic() + 30
+        # The writer renames the file into place, then counts it: wait for the count, not the file.
+        while mon.num_written_rows < 4 and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert mon.num_written_rows == 4
+        assert mon.num_written_rows == 4 and list(tmp_path.glob("**/*.parquet"))
         mon.step(4, loss=torch.tensor(1.0))
     assert mon.num_written_rows == 5
 
