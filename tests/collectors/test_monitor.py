@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import threading
 import time
 import warnings
 from pathlib import Path
@@ -17,6 +16,7 @@ from runwatch.collectors.monitor import MonitorConfig
 from runwatch.collectors.signals import activation_rms
 from runwatch.app.tinygpt import TinyGPT, TinyGPTConfig, synthetic_batches, train_step
 from runwatch.data.store import Store
+from tests.collectors.probes import SyncCounter
 
 torch.set_num_threads(1)
 CFG = TinyGPTConfig(d_model=32, num_layers=2)
@@ -107,39 +107,6 @@ def test_grad_norm_is_computed_when_not_passed(tmp_path: Path) -> None:
     torch.testing.assert_close(torch.tensor(stored, dtype=torch.float64), torch.stack(expected).double())
 
 
-class SyncCounter:
-    """Counts, on the calling thread only, the tensor methods that force a host-device sync."""
-
-    NAMES = ("item", "tolist", "cpu", "numpy", "__float__", "__int__", "__bool__", "__index__")
-
-    def __init__(self) -> None:
-        self.calls: list[str] = []
-        self._thread = threading.get_ident()
-        self._saved: list[tuple[type, str, object]] = []
-
-    def _wrap(self, owner: type, name: str) -> None:
-        original = getattr(owner, name)
-        counter = self
-
-        def counted(*args: object, **kw: object) -> object:
-            if threading.get_ident() == counter._thread:
-                counter.calls.append(name)
-            return original(*args, **kw)
-
-        self._saved.append((owner, name, original))
-        setattr(owner, name, counted)
-
-    def __enter__(self) -> "SyncCounter":
-        for name in self.NAMES:
-            self._wrap(torch.Tensor, name)
-        self._wrap(torch.amp.GradScaler, "get_scale")
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for owner, name, original in reversed(self._saved):
-            setattr(owner, name, original)
-
-
 @pytest.mark.parametrize("use_scaler", [False, True])
 def test_step_never_syncs(tmp_path: Path, use_scaler: bool) -> None:
     torch.manual_seed(0)
@@ -210,10 +177,11 @@ def test_time_based_flush_writes_before_close(tmp_path: Path) -> None:
         assert not list(tmp_path.glob("**/*.parquet"))
         time.sleep(0.25)
         mon.step(3, loss=torch.tensor(1.0))  # more than 0.2 s since the last flush: this step flushes
-        deadline = time.monotonic() + 10
-        while not list(tmp_path.glob("**/*.parquet")) and time.monotonic() < deadline:
+        deadline = time.monotonic() + 30
+        # The writer renames the file into place, then counts it: wait for the count, not the file.
+        while mon.num_written_rows < 4 and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert mon.num_written_rows == 4
+        assert mon.num_written_rows == 4 and list(tmp_path.glob("**/*.parquet"))
         mon.step(4, loss=torch.tensor(1.0))
     assert mon.num_written_rows == 5
 
