@@ -45,6 +45,16 @@ class ParsedLog:
     # Row indices where a new segment starts for a reason the steps cannot show
     # (a resume line, a long wall-clock gap), besides a step going backwards.
     breaks: set[int] = field(default_factory=set)
+    # Where each row was printed: line index (plus the fraction of the line before
+    # it), files one after another FILE_STRIDE apart. Lets two readings of one
+    # stdout be joined in stream order; None where a parser does not say.
+    positions: np.ndarray | None = None
+    # True when the log printed no step and rows are numbered in order: such
+    # steps are not training steps, so no other reading can be joined on them.
+    ordinal_steps: bool = False
+    # Lines of a kind the format prints that were recognised and deliberately not
+    # read (a summary over the whole run, another rank's copy of a line).
+    num_ignored: int = 0
 
     @classmethod
     def from_rows(cls, rows: Sequence[dict], **kw: object) -> "ParsedLog":
@@ -59,6 +69,13 @@ class ImportResult:
     num_segments: int
     num_skipped: int
     files: tuple[Path, ...]
+    # The reading that landed: a format name, or names joined by "+" (see importers.auto).
+    format: str = ""
+    num_ignored: int = 0
+
+
+# Stream positions of consecutive files are this far apart (more lines than any log has).
+FILE_STRIDE = float(2**33)
 
 
 def assign_segments(steps: np.ndarray, breaks: set[int] = frozenset()) -> np.ndarray:
@@ -90,6 +107,25 @@ def _segments_for(table: pa.Table, ranks: np.ndarray, breaks: set[int]) -> np.nd
     return segments
 
 
+def row_segments(parsed: ParsedLog) -> np.ndarray:
+    """Segment id per metric row, as ``write_import`` assigns them."""
+    table = parsed.metrics
+    ranks = (pc.fill_null(table["rank"], 0).to_numpy(zero_copy_only=False).astype(np.int32)
+             if "rank" in table.column_names else np.zeros(table.num_rows, np.int32))
+    return _segments_for(table, ranks, parsed.breaks)
+
+
+def event_segment(ev: dict, segments: np.ndarray) -> int:
+    """The segment of an event: its own, else the row before it (a resume: the row after it)."""
+    if ev.get("segment") is not None:
+        return int(ev["segment"])
+    n = len(segments)
+    pos = min(int(ev.get("row_index", n)), n)
+    if ev["event"] == "resume" or pos == 0:
+        return int(segments[pos]) if pos < n else (int(segments[-1]) + 1 if n else 0)
+    return int(segments[pos - 1])
+
+
 def write_import(root: str | Path, run: str, parsed: ParsedLog, *, replace: bool = False,
                  meta: dict | None = None) -> ImportResult:
     """Land a parsed log in the store as run ``run``: every file or none."""
@@ -111,13 +147,7 @@ def write_import(root: str | Path, run: str, parsed: ParsedLog, *, replace: bool
 
     events_by_part: dict[tuple[int, int], list[dict]] = {}
     for ev in parsed.events:
-        pos = min(int(ev.get("row_index", table.num_rows)), table.num_rows)
-        if ev.get("segment") is not None:
-            seg = int(ev["segment"])
-        elif ev["event"] == "resume" or pos == 0:
-            seg = int(segments[pos]) if pos < len(segments) else (int(segments[-1]) + 1 if len(segments) else 0)
-        else:
-            seg = int(segments[pos - 1])
+        seg = event_segment(ev, segments)
         rank = int(ev.get("rank") or 0)
         clean = {k: v for k, v in ev.items() if k not in ("row_index", "segment", "rank")}
         events_by_part.setdefault((seg, rank), []).append(clean)
@@ -137,4 +167,5 @@ def write_import(root: str | Path, run: str, parsed: ParsedLog, *, replace: bool
     for path in old_files:
         path.unlink(missing_ok=True)
     num_segments = len(set(segments.tolist()) | {s for s, _ in events_by_part})
-    return ImportResult(run, table.num_rows, len(parsed.events), num_segments, parsed.num_skipped, tuple(files))
+    return ImportResult(run, table.num_rows, len(parsed.events), num_segments, parsed.num_skipped, tuple(files),
+                        num_ignored=parsed.num_ignored)

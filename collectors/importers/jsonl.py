@@ -3,6 +3,8 @@
 Metric line: ``{"step": 12, "loss": 2.3, "grad_norm": NaN, "my_metric": 0.5}``.
 Event line:  ``{"event": "checkpoint", "step": 100, "path": "ckpt/100.pt"}``.
 ``NaN``/``Infinity`` tokens and ``null`` are accepted and kept as they are.
+Events are the record's own: a checkpoint at step s holds the state after
+update s, a resume from it carries s; the writer states it, nothing is shifted.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from runwatch.collectors.importers.base import LogFormatError, ParsedLog
+from runwatch.collectors.importers.textlog import first_line
 from runwatch.data.record import EVENT_KINDS, FLOAT_METRICS, is_valid_extra_name
 
 INT_FIELDS = ("tokens", "samples")
@@ -21,14 +24,14 @@ PLACEMENT_FIELDS = ("segment", "rank")
 
 def sniff(head: str) -> bool:
     """True when the first non-blank line is a JSON object with a step."""
-    for line in head.splitlines():
-        if line.strip():
-            try:
-                obj = json.loads(line)
-            except ValueError:
-                return False
-            return isinstance(obj, dict) and "step" in obj
-    return False
+    line = first_line(head)
+    if line is None:
+        return False
+    try:
+        obj = json.loads(line)
+    except ValueError:
+        return False
+    return isinstance(obj, dict) and "step" in obj
 
 
 def _is_number(v: object) -> bool:

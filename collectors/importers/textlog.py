@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from runwatch.collectors.importers.base import LogFormatError, ParsedLog
+from runwatch.collectors.importers.base import FILE_STRIDE, LogFormatError, ParsedLog
 from runwatch.data.record import METRIC_COLUMNS, conform_metrics, metrics_table
 
 # A number as training logs print it, including NaN/Inf spellings (Arrow's cast accepts these).
@@ -271,7 +271,9 @@ def merge_same_step(parsed: ParsedLog) -> ParsedLog:
     new_index = np.concatenate(([0], np.cumsum(keep)))
     events = [{**ev, "row_index": int(new_index[min(int(ev.get("row_index", n)), n)])} for ev in parsed.events]
     breaks = {int(new_index[b]) for b in parsed.breaks if b <= n}
-    return ParsedLog(pa.table(out), events, parsed.num_skipped, breaks)
+    positions = parsed.positions[keep] if parsed.positions is not None else None
+    return ParsedLog(pa.table(out), events, parsed.num_skipped, breaks, positions, parsed.ordinal_steps,
+                     parsed.num_ignored)
 
 
 def time_gap_breaks(times: np.ndarray, min_gap: float = LONG_GAP_S) -> set[int]:
@@ -292,6 +294,7 @@ def concat_parsed(parts: Sequence[ParsedLog], break_between: bool = True) -> Par
     tables = [p.metrics for p in parts if p.metrics.num_rows]
     table = pa.concat_tables(tables, promote_options="permissive") if tables else metrics_table([])
     events, breaks, offset, skipped = [], set(), 0, 0
+    ignored = sum(p.num_ignored for p in parts)
     for p in parts:
         if break_between and offset:
             breaks.add(offset)
@@ -299,7 +302,15 @@ def concat_parsed(parts: Sequence[ParsedLog], break_between: bool = True) -> Par
         events += [{**ev, "row_index": int(ev.get("row_index", p.metrics.num_rows)) + offset} for ev in p.events]
         offset += p.metrics.num_rows
         skipped += p.num_skipped
-    return ParsedLog(table, events, skipped, breaks)
+    return ParsedLog(table, events, skipped, breaks, concat_positions(parts), any(p.ordinal_steps for p in parts),
+                     ignored)
+
+
+def concat_positions(parts: Sequence[ParsedLog]) -> np.ndarray | None:
+    """The stream positions of per-file parts in file order (None unless every part has them)."""
+    if any(p.positions is None for p in parts):
+        return None
+    return np.concatenate([p.positions + k * FILE_STRIDE for k, p in enumerate(parts)]) if parts else None
 
 
 def parse_each(paths: Sequence[str | Path], parse_one: Callable[[Path, bool], ParsedLog],
@@ -324,9 +335,17 @@ def matches(lines: pa.Array, pattern: str) -> np.ndarray:
     return pc.fill_null(pc.match_substring_regex(lines, pattern), False).to_numpy(zero_copy_only=False)
 
 
+def first_line(head: str) -> str | None:
+    """The first non-blank line of ``head`` (without splitting the whole head: heads run to megabytes)."""
+    m = re.search(r"\S", head)
+    if m is None:
+        return None
+    start = head.rfind("\n", 0, m.start()) + 1
+    end = head.find("\n", m.start())
+    return head[start:end if end >= 0 else len(head)]
+
+
 def first_line_matches(head: str, pattern: str) -> bool:
     """True when the first non-blank line of ``head`` matches ``pattern``: a sniffer for line formats."""
-    for line in head.splitlines():
-        if line.strip():
-            return re.match(pattern, line) is not None
-    return False
+    line = first_line(head)
+    return line is not None and re.match(pattern, line) is not None
