@@ -10,9 +10,14 @@ samples/tokens`` -> samples/tokens, ``elapsed time per iteration (ms|s)`` ->
 ``number of skipped iterations: K`` counts skips over the logging interval that
 ends at the row: ``found_inf`` is true when K > 0 or an ``OVERFLOW!`` line came
 since the previous iteration line. ``validation loss at iteration N`` lines add
-``val_loss``/``val_ppl`` to step N. ``[defaultN]:`` prefixes name the printing
-process; Megatron prints from one rank, so rows are rank 0 unless several ranks
-print different values. Iteration lines hard-wrapped by other tools are rejoined.
+``val_loss``/``val_ppl`` to step N (``... on test set``: ``test_*``; a named set
+``validation-NAME``: ``val_NAME_*``). Checkpoints: the training loop counts an
+iteration once its update is applied, prints ``iteration k`` and then saves,
+so ``saving checkpoint at iteration k`` is a checkpoint event at k holding the
+state after update k (the record's contract; the next iteration logged is
+k+1); ``loaded checkpoint from DIR ... at iteration k`` is a resume at k.
+``[defaultN]:`` prefixes name the printing process; Megatron prints from one
+rank, so rows are rank 0 unless several ranks print different values. Iteration lines hard-wrapped by other tools are rejoined.
 The log has no wall clock on these lines, so ``time`` stays null.
 GPT-NeoX prints the same shape with its own spellings: a leading
 ``samples/sec: X |`` (moved behind the iteration head, kept as an extra),
@@ -39,18 +44,26 @@ from runwatch.collectors.importers.megatron_fields import (
     fields_to_columns, find_events, split_pieces,
 )
 from runwatch.collectors.importers.textlog import (
-    build_table, data_bytes, lines_containing, matches, merge_same_step, offsets, parse_each, read_text,
+    build_table, data_bytes, lines_containing, matches, merge_same_step, offsets, parse_each, read_text, sanitize_name,
 )
 
 _PREFIX = r"^\s*(?:\[default(?P<rank>\d+)\]:)?\s*"
 ITERATION_START = _PREFIX + r"iteration\s+[^\s=(,]+\s*/"
-VALID_START = _PREFIX + r"valid(?:ation)? (?:loss|results) at iteration\s"
+VALID_START = _PREFIX + r"valid(?:ation)?(?:-[^\s|]+)? (?:loss|results) at iteration\s"
 # GPT-NeoX puts its throughput before the iteration head: "samples/sec: 51.2 | iteration 10/ 50 | ...".
 _RATE_FIRST = r"^(\s*(?:\[default\d+\]:)?\s*)(samples/sec:[^|]*\|)\s*(iteration\s[^|]*\|)"
+# DeepSpeed's overflow lines in each spelling its scalers print (see deepspeed.py).
+OVERFLOW_LITERALS = ("OVERFLOW!", "Overflow detected", "loss scale overflow!")
 # The text before a line's first '|' (its head), and where the step number ends in it.
 _ITERATION = (_PREFIX + r"iteration\s+(?P<step>\d+)\s*/\s*\d+\s*$", "/")
 _VALID = (_PREFIX + r"valid(?:ation)? (?:loss|results) at iteration\s+(?P<step>\d+)\s*$", None)
 # One anchored pass over every line finds both kinds (RE2 gives up on noise after a few bytes).
+# The set an evaluation line reports on: Megatron-LM names several validation sets "validation-NAME" and
+# prints "... at iteration N on validation set" / "on test set" at the end of training.
+_EVAL_SET = (r"valid(?:ation)?(?:-(?P<name>[^\s|]+))? (?:loss|results) at iteration\s+\d+"
+             r"(?:\s+on\s+(?P<set>\w+)\s+set)?")
+_EVAL_PLAIN = ((r"^(\s*(?:\[default\d+\]:)?\s*valid(?:ation)?)-[^\s|]+", r"\1"),
+               (r"(at iteration\s+\d+)\s+on\s+\w+\s+set", r"\1"))
 _EITHER_START = r"^\s*(?:\[default\d+\]:)?\s*(?:samples/sec:[^|]*\|\s*)?(?:iteration\s|valid)"
 _CONTINUATION_STOP = re.compile(r"^\s*(\[default\d+\]:\s*)?(iteration\s|valid|time \(ms\)|\[\d{4}-|$|#|\.\.\.)")
 
@@ -127,17 +140,46 @@ def parse_file(path: Path, skip_bad_lines: bool) -> ParsedLog:
         raise LogFormatError(path, None, f"no megatron iteration lines ('iteration N/ M | ...') found in {path}")
     texts = _rejoin(lines, it_idx, heads if is_it.all() else heads.filter(pa.array(is_it)))
     train, it_idx, num_skipped = _parse_kind(texts, it_idx, _ITERATION, path, skip_bad_lines, "")
-    val, val_idx, num_bad_val = _parse_kind(lines.take(pa.array(val_idx, pa.int64())), val_idx, _VALID, path,
-                                            skip_bad_lines, "val_")
-    overflows = np.union1d(lines_containing(lines, raw, "OVERFLOW!"), lines_containing(lines, raw, "Overflow detected"))
+    val, val_idx, num_bad_val = _parse_evaluations(lines, val_idx, path, skip_bad_lines)
+    overflows = np.unique(np.concatenate([lines_containing(lines, raw, literal) for literal in OVERFLOW_LITERALS]))
     _mark_overflows(train, it_idx, overflows)
-    tables = [build_table(c) for c, i in ((train, it_idx), (val, val_idx)) if len(i)]
+    tables = [build_table(c) for c, i in [(train, it_idx), *zip(val, val_idx)] if len(i)]
+    val_idx = np.concatenate(val_idx) if val_idx else np.zeros(0, np.int64)
     table = pa.concat_tables(tables, promote_options="permissive") if tables else build_table({"step": pa.array([], pa.int64())})
     line_idx = np.concatenate([it_idx, val_idx])
     order = np.argsort(line_idx, kind="stable")
     table, keep = _rank_rows(table.take(pa.array(order)))
-    events, breaks = find_events(lines, line_idx[order][keep], raw)
-    return merge_same_step(ParsedLog(table, events, num_skipped + num_bad_val, breaks))
+    row_lines = line_idx[order][keep]
+    events, breaks = find_events(lines, row_lines, raw)
+    return merge_same_step(ParsedLog(table, events, num_skipped + num_bad_val, breaks,
+                                     positions=row_lines.astype(np.float64)))
+
+
+def _eval_prefix(name: str | None, kind: str | None) -> str:
+    """Column prefix of an evaluation line: ``val_`` (``test_`` for the test set), plus a named set's name."""
+    base = "test_" if kind == "test" else "val_" if kind in (None, "validation") else sanitize_name(kind) + "_"
+    return base + (sanitize_name(name) + "_" if name else "")
+
+
+def _parse_evaluations(lines: pa.Array, idx: np.ndarray, path: Path,
+                       skip: bool) -> tuple[list[dict[str, pa.Array]], list[np.ndarray], int]:
+    """Columns of the evaluation lines at ``idx``, one group per set they report on."""
+    texts = lines.take(pa.array(idx, pa.int64()))
+    if not len(idx):
+        return [], [], 0
+    sets = pc.extract_regex(texts, _EVAL_SET)
+    prefixes = [_eval_prefix(n or None, k or None) for n, k in zip(sets.field("name").to_pylist(),
+                                                                   sets.field("set").to_pylist())]
+    for pattern, replacement in _EVAL_PLAIN:
+        texts = pc.replace_substring_regex(texts, pattern, replacement)
+    columns, kept, num_bad = [], [], 0
+    for prefix in dict.fromkeys(prefixes):
+        mask = np.array([p == prefix for p in prefixes])
+        cols, good_idx, bad = _parse_kind(texts.filter(pa.array(mask)), idx[mask], _VALID, path, skip, prefix)
+        columns.append(cols)
+        kept.append(good_idx)
+        num_bad += bad
+    return columns, kept, num_bad
 
 
 def _mark_overflows(train: dict[str, pa.Array], it_idx: np.ndarray, overflow_idx: np.ndarray) -> None:

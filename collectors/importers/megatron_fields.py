@@ -41,11 +41,12 @@ TRAIN_KEYS: dict[str, tuple[str, float]] = {
     "samplespersecond": ("samples_per_second", 1.0),
     "tflops": ("tflops", 1.0),
 }
+# Evaluation keys -> column after the line's prefix (``val_``, ``test_``, ``val_<set>_``).
 VAL_KEYS: dict[str, tuple[str, float]] = {
-    "lmlossvalue": ("val_loss", 1.0),
-    "lmlossppl": ("val_ppl", 1.0),
-    "lm_lossvalue": ("val_loss", 1.0),  # GPT-NeoX "validation results at iteration N | lm_loss value: X"
-    "lm_loss_pplvalue": ("val_ppl", 1.0),
+    "lmlossvalue": ("loss", 1.0),
+    "lmlossppl": ("ppl", 1.0),
+    "lm_lossvalue": ("loss", 1.0),  # GPT-NeoX "validation results at iteration N | lm_loss value: X"
+    "lm_loss_pplvalue": ("ppl", 1.0),
 }
 # GPT-NeoX prints its FLOP rate human-readable ("150.3TFLOPS"): the prefix scales it to FLOP/s.
 _FLOPS = r"^\s*(?P<num>[0-9.]+(?:[eE][+-]?\d+)?)\s*(?P<prefix>[KMGTPE]?)FLOPS\s*$"
@@ -56,9 +57,11 @@ _HAS_NAME = re.compile(r"[A-Za-z)]")
 
 
 def _column_name(norm_key: str, raw_key: str, prefix: str) -> tuple[str, float]:
-    table = VAL_KEYS if prefix else TRAIN_KEYS
-    if norm_key in table:
-        return table[norm_key]
+    if prefix and norm_key in VAL_KEYS:
+        name, scale = VAL_KEYS[norm_key]
+        return prefix + name, scale
+    if not prefix and norm_key in TRAIN_KEYS:
+        return TRAIN_KEYS[norm_key]
     return sanitize_name(raw_key, prefix), 1.0
 
 

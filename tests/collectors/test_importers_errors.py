@@ -30,7 +30,8 @@ def _write(tmp_path: Path, name: str, text: str) -> Path:
 
 @pytest.mark.parametrize("module, text, line, expected", [
     (llmc, "s:0 trl:2.0 lr:0.1 norm:1.0\ns:1 trl:abc lr:0.1 norm:1.0\n", 2, "llm.c line"),
-    (llmc, "s:0 trl:2.0\ns:1 xyz:3\n", 2, "llm.c line"),
+    (llmc, "s:0 trl:2.0\ns:1 xyz=3\n", 2, "llm.c line"),
+    (llmc, "s:0 trl:2.0\ns:1 eval:\n", 2, "llm.c line"),
     (modded_nanogpt, "step:1/10 train_loss:2.0 train_time:10ms step_avg:nanms\nstep:2/10 train_loss:x1 train_time:20ms step_avg:10ms\n", 2, "modded-nanogpt line"),
     (megatron, "noise\n" + MEG.format(step=1, s=4, loss="2.0") + "\n iteration  abc/ 100 | lm loss: 1.0 |\n", 3, "iteration N/ M"),
     (megatron, MEG.format(step=1, s=4, loss="2.0") + "\n" + MEG.format(step=2, s=8, loss="2.0x") + "\n", 2, "key: number"),
