@@ -25,8 +25,9 @@ with ``| ``):
   row at the last num_updates + 1 with found_inf, loss_scale = the last scale
   set and ``num_overflows``; when a line at exactly that step follows, the
   burst folds into it (its own loss_scale, the interval's, is kept).
-* ``[Ss]aved checkpoint PATH (epoch E @ N updates ...)`` -> checkpoint event;
-  ``[Ll]oaded checkpoint PATH (epoch E @ N updates)`` -> resume (new segment).
+* ``[Ss]aved checkpoint PATH (epoch E @ N updates ...)`` -> checkpoint event at
+  N (saved after update N: the state after update N, the record's contract);
+  ``[Ll]oaded checkpoint PATH (epoch E @ N updates)`` -> resume at N (new segment).
 
 A line shaped like a progress line whose fields do not parse is an error
 naming file and line (or is skipped with ``--skip-bad-lines``).
@@ -73,7 +74,8 @@ EXPECTED = ("a fairseq progress line ('| epoch N:  I / M key=value, ...', '| epo
 
 def sniff(head: str) -> bool:
     """True when the head holds a fairseq text progress line or overflow warning (JSON lines go to metaseq)."""
-    return _SNIFF.search(head) is not None
+    # A literal test first: the regex would try every line start of a megabytes-long head.
+    return ("epoch " in head or "overflow detected, " in head) and _SNIFF.search(head) is not None
 
 
 def _timestamp(ts: str | None) -> float | None:

@@ -8,8 +8,11 @@ base 2, as printed), ``gnorm`` -> grad_norm, ``loss_scale``, ``lr``,
 ``actv_norm`` (metaseq) -> act_norm; other numbers (wps, ups, wpb, bsz, ppl,
 clip, train_wall, wall, ...) become extras. The line's ``YYYY-MM-DD HH:MM:SS``
 prefix is the row's time (read as UTC). ``Saved checkpoint PATH (epoch E @ N
-updates ...)`` -> a checkpoint event; ``Loaded checkpoint PATH (epoch E @ N
-updates)`` -> a resume event that starts a new segment.
+updates ...)`` -> a checkpoint event at N; ``Loaded checkpoint PATH (epoch E @ N
+updates)`` -> a resume event at N that starts a new segment. fairseq's trainer
+counts an update once it is applied and saves after it, so the file holds the
+state after update N (the record's contract; the next ``num_updates`` logged is
+N+1 or later).
 """
 
 from __future__ import annotations

@@ -9,9 +9,16 @@ job wrapper adds, becomes ``time`` in unix seconds, read as UTC):
 * ``step 3000: train loss 4.0390, val loss 4.0427`` (the eval) -> ``val_loss``
   and ``eval_train_loss`` at that step; it folds into the ``iter`` row of the
   same step.
-* ``saving checkpoint to out`` -> a ``checkpoint`` event at the step of the last
-  eval, path ``out/ckpt.pt``. nanoGPT overwrites that one file at every save,
+* ``saving checkpoint to out`` -> a ``checkpoint`` event, path ``out/ckpt.pt``,
+  at step k-1 where k is the step of the eval before it. train.py evaluates and
+  saves at the top of iteration k, before iteration k's update: the file holds
+  the state after update k-1 (the record's contract: a checkpoint at step s
+  holds the state after update s; the next step logged, k, is the first whose
+  loss those weights produce). nanoGPT overwrites that one file at every save,
   so the payload says ``overwrites: true``: only the newest save still exists.
+* ``Resuming training from out`` -> a ``resume`` event that starts a segment,
+  at step k-1 where k is the first step printed after it: train.py restarts at
+  the checkpoint's ``iter_num`` k, which holds the state after update k-1.
 
 Other lines (config dumps, warnings) are noise. A line that starts like an
 ``iter``/``step`` line but does not parse is an error naming file and line.
@@ -38,11 +45,14 @@ _ITER = (_TS + rf"iter (?P<step>\d+): loss (?P<loss>{NUMBER_RE})(?:, time (?P<ms
 _EVAL = _TS + rf"step (?P<step>\d+): train loss (?P<train>{NUMBER_RE}), val loss (?P<val>{NUMBER_RE})\s*$"
 _CLAIM = _TS + r"(?:iter \d+:|step \d+: )"
 _CKPT = re.compile(r"saving checkpoint to (?P<dir>\S+)\s*$")
+_RESUME = re.compile(r"Resuming training from (?P<dir>\S+)\s*$")
 EXPECTED = "a nanoGPT line 'iter N: loss X, time Tms, mfu M%' or 'step N: train loss X, val loss Y'"
 
 
 def sniff(head: str) -> bool:
     """True when the head holds a nanoGPT iter or eval line (train.py prints its config first)."""
+    if ": loss " not in head and ": train loss " not in head:  # cheap literal test before the regex
+        return False
     return re.search(r"(?m)" + _TS + rf"(?:iter \d+: loss {NUMBER_RE}, time "
                      rf"|step \d+: train loss {NUMBER_RE}, val loss )", head) is not None
 
@@ -68,9 +78,23 @@ def _checkpoints(lines: pa.Array, raw: bytes | None, eval_idx: np.ndarray, eval_
         before = np.searchsorted(eval_idx, i) - 1
         if m is None or before < 0:
             continue  # a save before any eval: train.py never does this; no step to place it at
-        events.append({"event": "checkpoint", "step": int(eval_steps[before]),
+        # Saved at the top of iteration k, before its update: the state after update k-1.
+        events.append({"event": "checkpoint", "step": int(eval_steps[before]) - 1,
                        "path": f"{m['dir'].rstrip('/')}/ckpt.pt", "overwrites": True,
                        "row_index": int(np.searchsorted(row_lines, i))})
+    return events
+
+
+def _resumes(lines: pa.Array, raw: bytes | None, row_lines: np.ndarray, row_steps: np.ndarray) -> list[dict]:
+    """A resume event per ``Resuming training from DIR`` line, at the step before the first row after it."""
+    events = []
+    for i in lines_containing(lines, raw, "Resuming training from "):
+        m = _RESUME.search(lines[int(i)].as_py())
+        after = int(np.searchsorted(row_lines, i))
+        if m is None or after >= len(row_steps):
+            continue  # nothing printed after it: no step to place it at
+        events.append({"event": "resume", "step": int(row_steps[after]) - 1,
+                       "path": f"{m['dir'].rstrip('/')}/ckpt.pt", "row_index": after})
     return events
 
 
@@ -109,8 +133,12 @@ def parse_file(path: Path, skip_bad_lines: bool) -> ParsedLog:
     line_idx = np.concatenate([it_idx, ev_idx])
     order = np.argsort(line_idx, kind="stable")
     table = build_table(columns).take(pa.array(order))
-    events = _checkpoints(lines, raw, ev_idx, ev_steps.to_numpy(), line_idx[order])
-    return merge_same_step(ParsedLog(table, events, num_skipped=len(bad)))
+    row_lines = line_idx[order]
+    events = _checkpoints(lines, raw, ev_idx, ev_steps.to_numpy(), row_lines)
+    resumes = _resumes(lines, raw, row_lines, table["step"].to_numpy())
+    events = sorted(events + resumes, key=lambda ev: ev["row_index"])
+    return merge_same_step(ParsedLog(table, events, num_skipped=len(bad), breaks={ev["row_index"] for ev in resumes},
+                                     positions=row_lines.astype(np.float64)))
 
 
 def parse(paths: Sequence[str | Path], *, skip_bad_lines: bool = False) -> ParsedLog:

@@ -56,7 +56,8 @@ def test_nanogpt_rows_eval_fold_and_checkpoint(tmp_path: Path) -> None:
     assert rows[10]["loss"] == 9.1234 and rows[10]["step_time"] == pytest.approx(1.09934) and rows[10]["mfu"] == 15.34
     assert rows[20]["val_loss"] == 8.0427 and rows[20]["eval_train_loss"] == 8.039 and rows[20]["loss"] == 8.249
     assert math.isnan(rows[30]["loss"])
-    assert parsed.events == [{"event": "checkpoint", "step": 20, "path": "out/ckpt.pt", "overwrites": True,
+    # Saved at the top of iteration 20, before its update: the state after update 19.
+    assert parsed.events == [{"event": "checkpoint", "step": 19, "path": "out/ckpt.pt", "overwrites": True,
                               "row_index": 3}]
 
 

@@ -35,7 +35,8 @@ def test_nanogpt_215_nan_from_iter_3010(tmp_path: Path) -> None:
     # Only the NaN: the healthy stretch before it (losses 3.88-4.25) is not a spike or a divergence.
     assert {f["kind"] for f in report["findings"]} == {"nan"}
     rollback = report["rollback"]
-    assert rollback["checkpoint_step"] == 3000 and rollback["checkpoint_path"] == "out/ckpt.pt"
+    # train.py saves ckpt.pt at the top of iteration 3000, before that iteration's update: step 2999.
+    assert rollback["checkpoint_step"] == 2999 and rollback["checkpoint_path"] == "out/ckpt.pt"
 
 
 def test_megatron_deepspeed_396_grad_norm_nan(tmp_path: Path) -> None:
