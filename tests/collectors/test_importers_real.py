@@ -9,7 +9,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from runwatch.collectors.importers import deepspeed, detect_format, llmc, megatron, megatron_golden, modded_nanogpt
+from runwatch.collectors.importers import (
+    auto, deepspeed, detect_format, llmc, megatron, megatron_golden, modded_nanogpt,
+)
 
 REAL = Path(__file__).resolve().parents[3] / "shared" / "realruns"
 if not REAL.is_dir():
@@ -158,14 +160,38 @@ def test_deepspeed_sft_sawtooth() -> None:
     ("llmc-gpt2-124m/raw_2024-06-06_AdamW_baseline.log", "llmc"),
     ("modded-nanogpt-1p5b/raw.log", "modded-nanogpt"),
     ("megatron-lm-gpt3-15b-8t/raw_dgx_h100.json", "megatron-golden"),
-    ("msft-megatron-ds-gpt3-125m-fp16/raw.log", "megatron"),
-    ("bigscience-megatron-perf-runs/meg_ds_zero_gpt2_perf_n16-1999616.out", "megatron"),
+    # Megatron-DeepSpeed stdouts: Megatron's iteration lines and DeepSpeed's step= reports, both read.
+    ("msft-megatron-ds-gpt3-125m-fp16/raw.log", "megatron+deepspeed"),
+    ("bigscience-megatron-perf-runs/meg_ds_zero_gpt2_perf_n16-1999616.out", "megatron+deepspeed"),
     ("bigscience-chronicles-excerpts/blocks/tr8b-104B__chronicles__L256-260.log", "megatron"),
     ("deepspeed-chat-opt/step1_supervised_finetuning__opt-1.3b-globalBatchSize128.log", "deepspeed"),
     ("deepspeed-chat-opt/step3_rlhf_finetuning__actor_opt-1.3b_critic_opt-350m_globalBatchSize64.log", "deepspeed"),
 ])
 def test_auto_detects_real_files(path: str, fmt: str) -> None:
     assert detect_format(REAL / path) == fmt
+
+
+def test_auto_joins_deepspeed_clock_onto_megatron_msft() -> None:
+    """The real Megatron-DeepSpeed 125M stdout: Megatron's losses and scales stay, DeepSpeed adds its wall clock."""
+    name, parsed = auto.read([REAL / "msft-megatron-ds-gpt3-125m-fp16" / "raw.log"])
+    t = parsed.metrics
+    alone = megatron.parse([REAL / "msft-megatron-ds-gpt3-125m-fp16" / "raw.log"]).metrics
+    assert name == "megatron+deepspeed" and _count(t, "loss") == _count(alone, "loss") == 213
+    assert t["loss_scale"].to_pylist()[1:] == alone["loss_scale"].to_pylist()  # row 0: DeepSpeed's step=0
+    assert _row(t, 10)["time"] == 1667000938.641 and _row(t, 10)["loss"] == pytest.approx(10.69056)
+    assert _count(t, "time") == 214 and _row(t, 0)["loss"] is None
+
+
+def test_auto_places_bigscience_overflows_on_iteration_steps() -> None:
+    """No step= line in this excerpt: Megatron's iteration lines are the counters DeepSpeed's overflows take."""
+    name, parsed = auto.read([BLOCKS / "tr8b-104B__chronicles__L446-460.log"])
+    t = parsed.metrics
+    attempted = {r["step"]: r["attempted_loss_scale"] for r in t.to_pylist() if r["attempted_loss_scale"]}
+    assert name == "megatron+deepspeed"
+    assert attempted == {17062: 1048576.0, 17063: 1048576.0, 17064: 524288.0, 17065: 262144.0, 17067: 131072.0,
+                         17068: 65536.0}
+    flags = [r["step"] for r in t.to_pylist() if r["found_inf"]]
+    assert flags == [17062, 17063, 17064, 17065, 17067, 17068]  # Megatron's own flags, unchanged
 
 
 def test_glm_notes_are_not_a_metric_log() -> None:
