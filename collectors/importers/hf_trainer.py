@@ -49,7 +49,7 @@ import pyarrow as pa
 from runwatch.collectors.importers.base import LogFormatError, ParsedLog
 from runwatch.collectors.importers.stepcount import find_counters, position, step_of_lines
 from runwatch.collectors.importers.textlog import (
-    NUMBER_RE, build_table, matches, merge_same_step, parse_each, read_lines, sanitize_name,
+    NUMBER_RE, build_table, matches, merge_same_step, parse_each, read_text, sanitize_name,
 )
 
 _DICT_START = r"\{'(?:loss|eval_[a-z_]+|train_runtime|grad_norm|learning_rate)': "
@@ -167,10 +167,10 @@ def _scan(path: Path, lines: pa.Array, skip: bool) -> tuple[list, list, int, int
     return dicts, events, skipped, ignored
 
 
-def _bar_steps(lines: pa.Array, dicts: list[tuple[float, dict[str, float]]]) -> np.ndarray | None:
+def _bar_steps(lines: pa.Array, raw: bytes | None, dicts: list[tuple[float, dict[str, float]]]) -> np.ndarray | None:
     """Each dict's step from the training bar, or None when some training dict has none (see the docstring)."""
     at = np.array([p for p, _ in dicts], dtype=np.float64)
-    counted = step_of_lines(*find_counters(lines, at, kinds=("tqdm",)), at)
+    counted = step_of_lines(*find_counters(lines, at, raw=raw, kinds=("tqdm",)), at)
     needs = np.array([not any(k.startswith("eval_") for k in d) and "step" not in d and "global_step" not in d
                       for _, d in dicts], dtype=bool)
     return None if (counted[needs] < 0).any() or (counted < 0).all() else counted
@@ -181,9 +181,9 @@ def parse_file(path: Path, skip_bad_lines: bool) -> ParsedLog:
         start = f.read(4096).lstrip()
     if start.startswith(b"{") and b'"log_history"' in path.read_bytes()[:1 << 20]:
         return _parse_state(path)
-    lines = read_lines(path)
+    lines, raw = read_text(path)
     dicts, events, skipped, ignored = _scan(path, lines, skip_bad_lines)
-    counted = _bar_steps(lines, dicts) if dicts else None
+    counted = _bar_steps(lines, raw, dicts) if dicts else None
     table = _table(_rows_from_dicts(dicts, counted), path)
     positions = np.array([p for p, _ in dicts], dtype=np.float64)
     ordinal = counted is None and not any("step" in d or "global_step" in d for _, d in dicts)

@@ -28,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from runwatch.collectors.importers.textlog import matches
+from runwatch.collectors.importers.textlog import lines_containing, matches
 
 # tqdm's default bar: "{desc}: {percent}%|{bar}| {n}/{total} [{elapsed}<{remaining}, {rate}]".
 _TQDM = re.compile(r"\d+%\|[^|\r\n]*\| *(\d+)/(\d+) \[")
@@ -42,25 +42,40 @@ def position(line_index: int, start: int, length: int) -> float:
     return line_index + start / (length + 1)
 
 
-def _regex_counters(lines: pa.Array, pattern: str, literal: str) -> tuple[np.ndarray, np.ndarray]:
+def _lines_matching(lines: pa.Array, raw: bytes | None, literal: str | None, pattern: str) -> np.ndarray:
+    """Indices of the lines matching ``pattern``; a rare ``literal`` they all hold is found by a bytes search
+    first (a frequent one, like Megatron's "iteration", is faster as one RE2 pass: ``literal`` None)."""
+    if literal is None:
+        return np.flatnonzero(matches(lines, pattern))
+    idx = lines_containing(lines, raw, literal)
+    return idx[matches(lines.take(pa.array(idx, pa.int64())), pattern)] if len(idx) else idx
+
+
+def _regex_counters(lines: pa.Array, raw: bytes | None, pattern: str, literal: str,
+                    rare: bool) -> tuple[np.ndarray, np.ndarray]:
     """(positions, steps) of the lines matching ``pattern`` (group ``step``), placed where ``literal`` starts."""
-    idx = np.flatnonzero(matches(lines, pattern))
+    idx = _lines_matching(lines, raw, literal if rare else None, pattern)
     if not len(idx):
         return np.zeros(0), np.zeros(0, np.int64)
     hit = lines.take(pa.array(idx, pa.int64()))
-    steps = pc.cast(pc.extract_regex(hit, pattern).field("step"), pa.int64()).to_numpy(zero_copy_only=False)
+    digits = pc.extract_regex(hit, pattern).field("step")
+    sane = pc.less_equal(pc.utf8_length(digits), 18).to_numpy(zero_copy_only=False)  # a counter, not junk
+    if not sane.all():
+        idx, hit, digits = idx[sane], hit.filter(pa.array(sane)), digits.filter(pa.array(sane))
+    steps = pc.cast(digits, pa.int64()).to_numpy(zero_copy_only=False)
     at = np.maximum(pc.find_substring(hit, literal).to_numpy(zero_copy_only=False), 0)
     length = pc.utf8_length(hit).to_numpy(zero_copy_only=False)
     # find_substring counts bytes, utf8_length characters: clip so a position never reaches the next line.
     return idx + np.minimum(at, length) / (length + 1), steps
 
 
-def _bars(lines: pa.Array) -> list[tuple[float, int, int]]:
+def _bars(lines: pa.Array, raw: bytes | None) -> list[tuple[float, int, int]]:
     """(position, count, total) of every tqdm bar update."""
-    idx = np.flatnonzero(matches(lines, _TQDM_RE2))
+    idx = _lines_matching(lines, raw, None, _TQDM_RE2)
     out = []
     for i, text in zip(idx.tolist(), lines.take(pa.array(idx, pa.int64())).to_pylist()):
-        out += [(position(i, m.start(), len(text)), int(m.group(1)), int(m.group(2))) for m in _TQDM.finditer(text)]
+        out += [(position(i, m.start(), len(text)), int(m.group(1)), int(m.group(2))) for m in _TQDM.finditer(text)
+                if len(m.group(1)) <= 18 and len(m.group(2)) <= 18]  # a counter, not junk
     return out
 
 
@@ -75,46 +90,57 @@ def _training_total(bars: list[tuple[float, int, int]], near: np.ndarray) -> int
     return max(distinct, key=lambda total: (votes[total], distinct[total], total))
 
 
-def find_counters(lines: pa.Array, near: np.ndarray | None = None, *,
+def find_counters(lines: pa.Array, near: np.ndarray | None = None, *, raw: bytes | None = None,
                   kinds: tuple[str, ...] = ("tqdm", "deepspeed", "megatron")) -> tuple[np.ndarray, np.ndarray]:
     """(positions, steps) of the step counters of ``kinds`` in ``lines``, in stream order.
 
     ``near`` are the positions of the lines that need a step; they choose the
-    training bar among several tqdm bars.
+    training bar among several tqdm bars. ``raw`` (the file's bytes, as
+    ``read_text`` returns them) makes finding candidate lines a bytes search.
     """
     parts = []
     if "tqdm" in kinds:
-        bars = _bars(lines)
+        bars = _bars(lines, raw)
         total = _training_total(bars, np.zeros(0) if near is None else np.asarray(near, dtype=np.float64))
         chosen = [(p, n) for p, n, t in bars if t == total]
         parts.append((np.array([p for p, _ in chosen]), np.array([n for _, n in chosen], np.int64)))
     if "deepspeed" in kinds:
-        parts.append(_regex_counters(lines, _DEEPSPEED, "step="))
+        parts.append(_regex_counters(lines, raw, _DEEPSPEED, "step=", rare=True))
     if "megatron" in kinds:
-        parts.append(_regex_counters(lines, _MEGATRON, "iteration"))
+        parts.append(_regex_counters(lines, raw, _MEGATRON, "iteration", rare=False))
     pos = np.concatenate([p for p, _ in parts]) if parts else np.zeros(0)
     steps = np.concatenate([s for _, s in parts]).astype(np.int64) if parts else np.zeros(0, np.int64)
     order = np.argsort(pos, kind="stable")
     return pos[order], steps[order]
 
 
-def step_of_lines(positions: np.ndarray, steps: np.ndarray, at: np.ndarray) -> np.ndarray:
-    """The step of each line at ``at`` (sorted) that prints after its step's counter; -1 where none is known.
+def counter_of_lines(positions: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """The counter (an index into ``positions``) of each line at ``at`` (sorted) that prints after its step's
+    counter; -1 where none is known.
 
     Such a line (an HF Trainer log dict) is printed once its step has ended, and
-    tqdm redraws the bar right after it: its step is the first counter after it,
-    before the next such line; failing that, the last counter before it, after
-    the previous such line. A counter shared with a neighbour places neither.
+    tqdm redraws the bar right after it: its counter is the first one after it,
+    before the next such line; failing that, the last one before it, after the
+    previous such line. Each counter places at most one line.
     """
     at = np.asarray(at, dtype=np.float64)
     out = np.full(len(at), -1, dtype=np.int64)
-    if not len(steps) or not len(at):
+    if not len(positions) or not len(at):
         return out
+    n = len(positions)
     nxt = np.append(at[1:], np.inf)
-    prev = np.insert(at[:-1], 0, -np.inf)
-    k = np.searchsorted(positions, at, side="left")
-    after = (k < len(steps)) & (positions[np.minimum(k, len(steps) - 1)] < nxt)
-    out[after] = steps[k[after]]
-    before = ~after & (k > 0) & (positions[np.maximum(k - 1, 0)] > prev)
-    out[before] = steps[k[before] - 1]
+    k = np.searchsorted(positions, at, side="left")  # the first counter at or after each line
+    after = (k < n) & (positions[np.minimum(k, n - 1)] < nxt)
+    out[after] = k[after]
+    # Counters since the previous line; the first of them is taken if the previous line took its "after".
+    since_prev = k - np.searchsorted(positions, np.insert(at[:-1], 0, -np.inf), side="right")
+    prev_took = np.insert(after[:-1], 0, False)
+    before = ~after & (since_prev > prev_took.astype(np.int64))
+    out[before] = k[before] - 1
     return out
+
+
+def step_of_lines(positions: np.ndarray, steps: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """The step of each line at ``at`` from its counter (``counter_of_lines``); -1 where none is known."""
+    index = counter_of_lines(positions, at)
+    return np.where(index >= 0, steps[np.maximum(index, 0)] if len(steps) else -1, -1)

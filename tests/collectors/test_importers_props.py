@@ -114,17 +114,20 @@ def test_overflows_land_between_their_counters(gaps: list[int], overflows: list[
 @given(counters=st.lists(st.tuples(st.floats(0, 100), st.integers(0, 1000)), max_size=20),
        lines=st.lists(st.floats(0, 100), max_size=20))
 def test_a_dict_takes_a_counter_next_to_it(counters: list[tuple[float, int]], lines: list[float]) -> None:
-    """The step given to a line is a counter between its neighbouring lines, or none."""
+    """A line's counter lies between its neighbouring lines, and no counter places two lines."""
     counters.sort()
     at = np.array(sorted(set(lines)))
     pos = np.array([p for p, _ in counters], dtype=float)
     steps = np.array([s for _, s in counters], dtype=np.int64)
-    got = stepcount.step_of_lines(pos, steps, at)
-    for i, step in enumerate(got):
+    index = stepcount.counter_of_lines(pos, at)
+    for i, k in enumerate(index):
         lo = at[i - 1] if i else -np.inf
         hi = at[i + 1] if i + 1 < len(at) else np.inf
-        near = {int(s) for p, s in counters if lo < p < hi}
-        assert step == -1 or step in near
+        assert k == -1 or lo < pos[k] < hi
+    used = index[index >= 0]
+    assert len(set(used.tolist())) == len(used)
+    got = stepcount.step_of_lines(pos, steps, at)
+    assert [int(s) for s in got] == [int(steps[k]) if k >= 0 else -1 for k in index]
 
 
 @settings(max_examples=50, deadline=None)
