@@ -9,7 +9,7 @@ tqdm bar (so a dict may follow ``\\r``-joined progress text on its line):
   ``'grad_norm': tensor(1.23, device='cuda:0')``; NaN prints as ``nan``);
 * evaluation: ``{'eval_loss': 2.1, 'eval_runtime': 3.2, ..., 'epoch': 0.5}``;
 * the end-of-training summary ``{'train_runtime': ..., 'train_loss': ...}``: not a
-  row (it averages the whole run), skipped.
+  row (it averages the whole run), counted as ignored.
 
 Steps: a dict prints no step (unless it carries a ``step``/``global_step``
 key). The training bar tqdm draws in the same stdout does: the Trainer prints a
