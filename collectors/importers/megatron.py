@@ -141,7 +141,7 @@ def parse_file(path: Path, skip_bad_lines: bool) -> ParsedLog:
     texts = _rejoin(lines, it_idx, heads if is_it.all() else heads.filter(pa.array(is_it)))
     train, it_idx, num_skipped = _parse_kind(texts, it_idx, _ITERATION, path, skip_bad_lines, "")
     val, val_idx, num_bad_val = _parse_evaluations(lines, val_idx, path, skip_bad_lines)
-    overflows = np.unique(np.concatenate([lines_containing(lines, raw, literal) for literal in OVERFLOW_LITERALS]))
+    overflows = _overflow_lines(lines, raw)
     _mark_overflows(train, it_idx, overflows)
     tables = [build_table(c) for c, i in [(train, it_idx), *zip(val, val_idx)] if len(i)]
     val_idx = np.concatenate(val_idx) if val_idx else np.zeros(0, np.int64)
@@ -180,6 +180,16 @@ def _parse_evaluations(lines: pa.Array, idx: np.ndarray, path: Path,
         kept.append(good_idx)
         num_bad += bad
     return columns, kept, num_bad
+
+
+def _overflow_lines(lines: pa.Array, raw: bytes | None) -> np.ndarray:
+    """Indices of DeepSpeed's overflow lines: two bytes searches ("OVERFLOW!", and "verflow" for the
+    lower-case spellings), then the few hits checked for a whole literal."""
+    upper, lower = lines_containing(lines, raw, "OVERFLOW!"), lines_containing(lines, raw, "verflow")
+    if len(lower):
+        texts = lines.take(pa.array(lower, pa.int64()))
+        lower = lower[matches(texts, "|".join(re.escape(lit) for lit in OVERFLOW_LITERALS[1:]))]
+    return np.union1d(upper, lower)
 
 
 def _mark_overflows(train: dict[str, pa.Array], it_idx: np.ndarray, overflow_idx: np.ndarray) -> None:
