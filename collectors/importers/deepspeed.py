@@ -49,9 +49,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from runwatch.collectors.importers.base import FILE_STRIDE, LogFormatError, ParsedLog
+from runwatch.collectors.importers.base import LogFormatError, ParsedLog
 from runwatch.collectors.importers.stepcount import find_counters, position
-from runwatch.collectors.importers.textlog import LONG_GAP_S, NUMBER_RE, build_table, lines_containing, read_text
+from runwatch.collectors.importers.textlog import (
+    LONG_GAP_S, NUMBER_RE, build_table, concat_positions, lines_containing, read_text,
+)
 
 _N = NUMBER_RE
 _TIME = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)(?:,(\d+))?\]")
@@ -270,7 +272,6 @@ def parse(paths: Sequence[str | Path], *, skip_bad_lines: bool = False) -> Parse
         raise ValueError("no input files given")
     # Segments are explicit here: number them on across files (each file is a new process).
     offset, tables, events, skipped, rows = 0, [], [], 0, 0
-    positions = [p.positions + k * FILE_STRIDE for k, p in enumerate(parts)]
     for p in parts:
         seg = pc.add(p.metrics["segment"], offset)
         tables.append(p.metrics.set_column(p.metrics.column_names.index("segment"), "segment", seg))
@@ -279,5 +280,5 @@ def parse(paths: Sequence[str | Path], *, skip_bad_lines: bool = False) -> Parse
         rows += p.metrics.num_rows
         skipped += p.num_skipped
     return ParsedLog(pa.concat_tables(tables, promote_options="permissive"), events, skipped,
-                     positions=np.concatenate(positions), ordinal_steps=any(p.ordinal_steps for p in parts),
+                     positions=concat_positions(parts), ordinal_steps=any(p.ordinal_steps for p in parts),
                      num_ignored=sum(p.num_ignored for p in parts))

@@ -12,6 +12,10 @@ before the text. tqdm redraws its bar with ``\\r`` and no newline, so many bar
 updates and then a log line can share one physical line; the fraction keeps
 them in the order they were printed.
 
+A loop that draws a new bar every epoch counts within the epoch: a bar that
+reached its total and starts again is read as the next epoch, its counts going
+on from the total; a bar that goes back before reaching it is a restart.
+
 Several bars can run in one stdout (evaluation, dataset maps). The training bar
 is the one running when the lines that need a step were printed: of all bars
 (told apart by their total), the one that most often is the last counter
@@ -90,6 +94,18 @@ def _training_total(bars: list[tuple[float, int, int]], near: np.ndarray) -> int
     return max(distinct, key=lambda total: (votes[total], distinct[total], total))
 
 
+def _across_epochs(bar: list[tuple[float, int]], total: int | None) -> list[tuple[float, int]]:
+    """Counts of a bar that runs once per epoch, made cumulative: a bar that reached its total and starts
+    again is the next epoch (its counts go on from there); one that goes back before its total restarted."""
+    out, offset, last = [], 0, None
+    for p, n in bar:
+        if last is not None and n < last and last == total:
+            offset += total
+        out.append((p, n + offset))
+        last = n
+    return out
+
+
 def find_counters(lines: pa.Array, near: np.ndarray | None = None, *, raw: bytes | None = None,
                   kinds: tuple[str, ...] = ("tqdm", "deepspeed", "megatron")) -> tuple[np.ndarray, np.ndarray]:
     """(positions, steps) of the step counters of ``kinds`` in ``lines``, in stream order.
@@ -102,7 +118,7 @@ def find_counters(lines: pa.Array, near: np.ndarray | None = None, *, raw: bytes
     if "tqdm" in kinds:
         bars = _bars(lines, raw)
         total = _training_total(bars, np.zeros(0) if near is None else np.asarray(near, dtype=np.float64))
-        chosen = [(p, n) for p, n, t in bars if t == total]
+        chosen = _across_epochs([(p, n) for p, n, t in bars if t == total], total)
         parts.append((np.array([p for p, _ in chosen]), np.array([n for _, n in chosen], np.int64)))
     if "deepspeed" in kinds:
         parts.append(_regex_counters(lines, raw, _DEEPSPEED, "step=", rare=True))

@@ -129,3 +129,16 @@ def test_nanogpt_resume_starts_a_segment_whose_first_step_follows_the_checkpoint
         events = [(e["event"], e["step"], e["segment"]) for e in store.events("n").to_pylist()]
     assert segs == [(0, 3000), (1, 3000)]
     assert events == [("checkpoint", 2999, 0), ("resume", 2999, 1)]
+
+
+def test_a_bar_per_epoch_counts_on_across_epochs(tmp_path: Path) -> None:
+    """tqdm over each epoch's batches: the second epoch's 3/10 is step 13, not a restart at 3."""
+    bar = "\r{pct:3d}%|{bar:10s}| {n}/10 [00:0{n}<00:10,  1.00s/it]"
+    over = ("[2023-06-07 08:00:{s:02d},000] [INFO] [loss_scaler.py:183:update_scale] [deepspeed] OVERFLOW! Rank 0"
+            " Skipping step. Attempted loss scale: {old}, reducing to {new}\n")
+    text = "".join(bar.format(pct=10 * n, bar="█" * n, n=n) for n in range(0, 11)) + "\n"
+    text += "".join(bar.format(pct=10 * n, bar="█" * n, n=n) for n in range(0, 3))
+    text += over.format(s=13, old=1024, new=512) + bar.format(pct=30, bar="███", n=3) + "\n"
+    parsed = _parse(tmp_path, deepspeed, text)
+    assert [(r["step"], r["loss_scale"]) for r in parsed.metrics.to_pylist()] == [(13, 512.0)]
+    assert parsed.metrics["segment"].to_pylist() == [0]
