@@ -65,8 +65,11 @@ _TIMER = re.compile(rf"global_step=(\d+), RunningAvgSamplesPerSec=({_N}), CurrSa
 _SAVE = re.compile(r"Saving model checkpoint:\s*(\S+)")
 _PPL = re.compile(rf"^ppl:\s*({_N})\s*$")
 _REWARD = re.compile(rf"chosen_last_scores \(higher is better\) :\s*({_N}), acc \(higher is better\) :\s*({_N})")
-_LITERALS = ("step=", "OVERFLOW!", "Overflow detected", "loss scale overflow!", "RunningAvgSamplesPerSec",
-             "Saving model checkpoint", "ppl:", "chosen_last_scores")
+# Every overflow spelling DeepSpeed prints holds "Skipping step" and one of these.
+OVERFLOW_MARK = "Skipping step"
+OVERFLOW_LITERALS = ("OVERFLOW!", "Overflow detected", "loss scale overflow!")
+_LITERALS = ("step=", OVERFLOW_MARK, "Attempted loss scale", "RunningAvgSamplesPerSec", "Saving model checkpoint", "ppl:",
+             "chosen_last_scores")
 _KINDS = (("step", _STEP), ("overflow", _OVERFLOW), ("timer", _TIMER), ("save", _SAVE), ("ppl", _PPL),
           ("reward", _REWARD))
 # Lines that claim to be an overflow or step report; if the full pattern fails they are malformed.

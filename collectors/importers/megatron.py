@@ -40,6 +40,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from runwatch.collectors.importers.base import LogFormatError, ParsedLog
+from runwatch.collectors.importers.deepspeed import OVERFLOW_LITERALS, OVERFLOW_MARK
 from runwatch.collectors.importers.megatron_fields import (
     fields_to_columns, find_events, split_pieces,
 )
@@ -52,8 +53,6 @@ ITERATION_START = _PREFIX + r"iteration\s+[^\s=(,]+\s*/"
 VALID_START = _PREFIX + r"valid(?:ation)?(?:-[^\s|]+)? (?:loss|results) at iteration\s"
 # GPT-NeoX puts its throughput before the iteration head: "samples/sec: 51.2 | iteration 10/ 50 | ...".
 _RATE_FIRST = r"^(\s*(?:\[default\d+\]:)?\s*)(samples/sec:[^|]*\|)\s*(iteration\s[^|]*\|)"
-# DeepSpeed's overflow lines in each spelling its scalers print (see deepspeed.py).
-OVERFLOW_LITERALS = ("OVERFLOW!", "Overflow detected", "loss scale overflow!")
 # The text before a line's first '|' (its head), and where the step number ends in it.
 _ITERATION = (_PREFIX + r"iteration\s+(?P<step>\d+)\s*/\s*\d+\s*$", "/")
 _VALID = (_PREFIX + r"valid(?:ation)? (?:loss|results) at iteration\s+(?P<step>\d+)\s*$", None)
@@ -183,13 +182,12 @@ def _parse_evaluations(lines: pa.Array, idx: np.ndarray, path: Path,
 
 
 def _overflow_lines(lines: pa.Array, raw: bytes | None) -> np.ndarray:
-    """Indices of DeepSpeed's overflow lines: two bytes searches ("OVERFLOW!", and "verflow" for the
-    lower-case spellings), then the few hits checked for a whole literal."""
-    upper, lower = lines_containing(lines, raw, "OVERFLOW!"), lines_containing(lines, raw, "verflow")
-    if len(lower):
-        texts = lines.take(pa.array(lower, pa.int64()))
-        lower = lower[matches(texts, "|".join(re.escape(lit) for lit in OVERFLOW_LITERALS[1:]))]
-    return np.union1d(upper, lower)
+    """Indices of DeepSpeed's overflow lines, in each spelling (see deepspeed.py): one bytes search for the
+    part they share, then the few hits checked for a spelling."""
+    idx = lines_containing(lines, raw, OVERFLOW_MARK)
+    if not len(idx):
+        return idx
+    return idx[matches(lines.take(pa.array(idx, pa.int64())), "|".join(re.escape(lit) for lit in OVERFLOW_LITERALS))]
 
 
 def _mark_overflows(train: dict[str, pa.Array], it_idx: np.ndarray, overflow_idx: np.ndarray) -> None:
