@@ -64,7 +64,9 @@ def checkpoint_seconds(checkpoints: list[dict]) -> dict[int, float]:
 
 
 def _diverged(f: Finding, cfg: DetectorConfig) -> bool:
-    """An unrecovered loss jump with gradient norms still up, or under a raised learning rate."""
+    """An unrecovered loss jump under a learning rate still raised, or with the gradient norm still up and no
+    passing LR burst to blame: the cause decides the fix (an LR burst that is over is a spike: skip its
+    batches; a raised LR or an instability of the model's own is a divergence: lower the LR)."""
     if f.kind != "spike" or f.evidence.get("blip"):
         return False
     if f.evidence.get("lr_still_raised") and f.self_recovered is not True:
@@ -72,23 +74,26 @@ def _diverged(f: Finding, cfg: DetectorConfig) -> bool:
     if f.self_recovered is not False:
         return False
     grad, lr = f.evidence.get("grad_norm_ratio") or 0.0, f.evidence.get("lr_ratio") or 0.0
-    return grad >= cfg.divergence.diverged_grad_ratio or lr >= cfg.divergence.diverged_lr_ratio
+    return grad >= cfg.divergence.diverged_grad_ratio and lr < cfg.divergence.diverged_lr_ratio
 
 
 def _as_divergence(f: Finding, cfg: DetectorConfig) -> Finding:
     """The fix for such a jump is the learning rate, not a data skip alone: call it a divergence."""
     grad, lr = f.evidence.get("grad_norm_ratio"), f.evidence.get("lr_ratio")
     why = [f"gradient norm x{grad:.2g}" for _ in [0] if grad and grad >= cfg.divergence.diverged_grad_ratio]
-    why += [f"learning rate x{lr:.2g}" for _ in [0] if lr and lr >= cfg.divergence.diverged_lr_ratio]
-    message = (f"loss diverged from step {f.onset_step}: jumped {f.evidence['baseline_loss']:.4g} -> "
-               f"{f.evidence['peak_loss']:.4g} and stayed up ({', '.join(why)})")
-    if f.evidence.get("lr_still_raised"):
-        message += "; the learning rate jumped at the onset and is still up"
+    why += [f"learning rate x{lr:.2g}" for _ in [0] if lr and lr >= cfg.divergence.diverged_lr_ratio
+            and f.evidence.get("lr_still_raised")]
     # A divergence begins where the trend broke: the gradient or activation norm growing into the jump.
     onset = min(f.onset_step, f.evidence.get("trend_break_step") or f.onset_step)
+    message = (f"loss diverged from step {onset}: jumped {f.evidence['baseline_loss']:.4g} -> "
+               f"{f.evidence['peak_loss']:.4g} and stayed up ({', '.join(why)})")
+    if onset < f.onset_step:
+        message += f"; the gradient or activation norm began growing at {onset}, the loss jumped at {f.onset_step}"
+    if f.evidence.get("lr_still_raised"):
+        message += "; the learning rate jumped at the onset and is still up"
     return dataclasses.replace(f, kind="divergence", message=message, self_recovered=False, needs_action=True,
                                severity="critical", onset_step=onset,
-                               evidence={**f.evidence, "from_spike": True, "loss_jump_step": f.onset_step})
+                               evidence={**f.evidence, "from_spike": True, "loss_climb_step": f.onset_step})
 
 
 def overlaps(a: Finding, b: Finding) -> bool:

@@ -32,6 +32,10 @@ class BaselineConfig:
     short enough to follow a falling loss."""
     min_blocks: int = 2
     """Blocks needed before any residual exists: the first 32 observations of a segment are warm-up."""
+    wander_blocks: int = 64
+    """Blocks over which a signal's wander (how far its level strays block to block, beyond what a block
+    median's own noise explains) is measured: 1024 observations, many times the tens of observations a data-
+    order wander lasts. The CUSUM and an excursion's extent are judged against noise plus wander."""
     tail_min_blocks: int = 12
     """The run's own residual tail is fitted from the maxima of its clean blocks (the block-maxima method of
     extreme-value theory, a Gumbel law fitted by moments) once 12 maxima (192 observations) exist: enough for a
@@ -133,9 +137,11 @@ class DivergenceConfig:
     precursor_grad: float = 2.0
     """... with gradient norm x2 on an accelerating climb: divergence before the loss moves (OPT's precursor)."""
     diverged_grad_ratio: float = 1.5
-    """An unrecovered spike with the gradient norm still this much above its baseline is a divergence."""
+    """An unrecovered spike with the gradient norm still this much above its baseline, and no passing LR burst
+    to blame, is a divergence (an instability of the model's own)."""
     diverged_lr_ratio: float = 1.5
-    """An unrecovered spike under an LR raised this much is a divergence: the fix is the LR."""
+    """An LR this much above its level before the onset: still raised at the end, it makes an unrecovered spike
+    a divergence (the fix is the LR); a burst that is over makes it a spike (skip its batches)."""
 
     def __post_init__(self) -> None:
         _check(self.min_rise > 0 and self.z_rise > 0, "min_rise and z_rise must be > 0")
@@ -212,17 +218,23 @@ class SlowdownConfig:
     z: float = 6.0
     """Sigmas of the run's own variability (within-block jitter and between-block wander together) one
     observation must exceed to count as slow."""
-    min_sigmas: float = 2.0
+    min_sigmas: float = 4.5
     """The median slowdown over the episode must also be this many sigmas of the run's own variability
-    (wander included): a stretch inside a noisy host's normal wander is not a slowdown."""
-    cusum_k: float = 0.5
-    """CUSUM reference value over the variability-scaled log step time (half a sigma)."""
-    cusum_h: float = 30.0
+    (wander included): a noisy host's wander itself reaches 3-4 sigma for tens of steps now and then (an
+    AR(1) wander passes 3.5 sigma a few times per 10^5 steps); set with ``bench/calibrate.py``."""
+    cusum_k: float = 1.5
+    """CUSUM reference value over the variability-scaled log step time: half of a 3-sigma shift, the smallest
+    slowdown worth a page beyond a host's normal wander (which itself reaches 1-2 sigma for tens of steps)."""
+    cusum_h: float = 20.0
     """CUSUM decision interval; set with ``bench/calibrate.py`` on steady and noisy hosts."""
     block: int = 4
     """Observations per baseline block (step time is often logged sparsely: every 100 steps)."""
-    window_blocks: int = 8
-    """Blocks of the baseline (32 observations)."""
+    window_blocks: int = 1024
+    """Blocks of the baseline level (1024 observations): a host's normal step time is its long-run level,
+    not the last few dozen steps (which on a shared host may be a fast or a slow stretch)."""
+    wander_blocks: int = 1024
+    """Blocks over which the run's normal wander is measured (1024 observations): many times the tens of
+    steps a shared host's slow stretch lasts, so one calm stretch does not make a normal wander look slow."""
     min_obs: int = 3
     """Slow observations in a row that open a slowdown."""
     min_steps: int = 16

@@ -46,11 +46,30 @@ def row_median(values: np.ndarray, min_finite: int | None = None) -> np.ndarray:
     return np.where(num_finite >= max(need, 1), med, np.nan)
 
 
-def block_stats(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Median and MAD of each row (a block of observations)."""
+MAD_SMALL_SAMPLE = {2: 1.196, 3: 1.495, 4: 1.363, 5: 1.206, 6: 1.200, 7: 1.140, 8: 1.129, 9: 1.107}
+"""Croux & Rousseeuw (1992): the MAD of n normal values is biased low for small n; multiply by b_n
+(n / (n - 0.8) beyond 9). A block of 4 step times would otherwise understate sigma by a quarter."""
+
+
+def mad_consistency(n: int) -> float:
+    return MAD_SMALL_SAMPLE.get(n, n / (n - 0.8)) if n > 1 else 1.0
+
+
+def block_stats(values: np.ndarray, detrend: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Median and MAD of each row (a block of observations).
+
+    With ``detrend`` the MAD is that of the first differences over sqrt(2): the
+    same sigma for white noise, but blind to a trend inside the block (early
+    training, where the loss falls a lot within one block of a coarse log, would
+    otherwise pass for noise).
+    """
     med = row_median(values)
+    if detrend:
+        d = np.diff(values, axis=1)
+        d_med = row_median(d)
+        return med, row_median(np.abs(d - d_med[:, None])) * mad_consistency(d.shape[1]) / np.sqrt(2.0)
     mad = row_median(np.abs(values - med[:, None]))
-    return med, mad
+    return med, mad * mad_consistency(values.shape[1])
 
 
 def safe_log(values: np.ndarray) -> np.ndarray:
@@ -117,10 +136,12 @@ class BlockBaseline:
     """
 
     def __init__(self, *, block: int, window: int, min_blocks: int, rel_floor: float, abs_floor: float,
-                 follow_last: bool = True, wander: bool = False) -> None:
+                 follow_last: bool = True, wander: bool = False, detrend: bool = False, trend: bool = False,
+                 wander_window: int | None = None) -> None:
         self.block, self.window, self.min_blocks = block, window, min_blocks
         self.rel_floor, self.abs_floor = rel_floor, abs_floor
-        self.follow_last, self.wander = follow_last, wander
+        self.follow_last, self.wander, self.detrend, self.trend = follow_last, wander, detrend, trend
+        self.wander_window = max(wander_window or window, window)
         self.med, self.mad, self.tmid = Grow(), Grow(), Grow()
         self.excluded = Grow(np.bool_)
         self._level, self._scale = Grow(), Grow()  # cache: block j's baseline from the blocks before it
@@ -139,7 +160,7 @@ class BlockBaseline:
         if ready <= done:
             return
         chunk = values[done * self.block: ready * self.block].reshape(-1, self.block)
-        med, mad = block_stats(chunk)
+        med, mad = block_stats(chunk, self.detrend)
         self.med.extend(med)
         self.mad.extend(mad)
         if coords is not None:
@@ -155,6 +176,15 @@ class BlockBaseline:
         nb = min(self.med.size, last_block)
         valid = np.flatnonzero(~self.excluded.view[:nb])
         k = np.searchsorted(valid, js)  # valid blocks before each j
+        if self.window > 32:  # a long window moves slowly: evaluate it every window/16 blocks and hold it
+            stride = self.window // 16
+            k = np.where(k < 2 * stride, k, k - k % stride)
+        # Blocks with the same number of valid blocks before them share one window: compute each once (not
+        # with a trend, whose extrapolation depends on the block itself).
+        if self.trend:
+            rows = np.arange(len(k))
+        else:
+            k, rows = np.unique(k, return_inverse=True)
         idx = k[:, None] - self.window + np.arange(self.window)[None, :]
         have = idx >= 0
         pick = valid[np.clip(idx, 0, max(len(valid) - 1, 0))] if len(valid) else np.zeros_like(idx)
@@ -164,10 +194,12 @@ class BlockBaseline:
         centre = row_median(med_w, self.min_blocks)
         last = med_w[:, -1]
         level = np.where(np.isfinite(last), np.fmin(centre, last), centre) if self.follow_last else centre
+        if self.trend:
+            level = np.where(np.isfinite(level), self._trend_level(js, pick, have, med_w, level), level)
         spread = MAD_TO_SIGMA * row_median(mad_w, 1)
-        # The wander: how far the block medians stray from their centre, beyond what the within-block noise
+        # The wander: how far the block medians stray from one another, beyond what the within-block noise
         # of a median of ``block`` observations explains (its standard error is ~1.25 sigma / sqrt(block)).
-        between = MAD_TO_SIGMA * row_median(np.abs(med_w - centre[:, None]), self.min_blocks)
+        between = self._between(k, valid, med_w)
         noise = np.where(np.isfinite(spread), spread, 0.0)
         excess = np.maximum(np.where(np.isfinite(between), between, 0.0) ** 2 - 1.57 * noise ** 2 / self.block, 0.0)
         total = np.sqrt(noise ** 2 + excess)
@@ -176,9 +208,64 @@ class BlockBaseline:
         total = np.fmax(total, scale)
         if self.wander:
             scale = total
-        self._level.extend(np.where(enough, level, np.nan))
-        self._scale.extend(np.where(enough, scale, np.nan))
-        self._total.extend(np.where(enough, total, np.nan))
+        self._level.extend(np.where(enough, level, np.nan)[rows])
+        self._scale.extend(np.where(enough, scale, np.nan)[rows])
+        self._total.extend(np.where(enough, total, np.nan)[rows])
+
+    def _between(self, k: np.ndarray, valid: np.ndarray, med_w: np.ndarray) -> np.ndarray:
+        """The wander: how far the block medians stray, over the last ``wander_window`` valid blocks.
+
+        With ``detrend`` from the differences of consecutive medians (blind to a
+        smooth trend such as a falling loss, not to wander); otherwise from the
+        medians' spread about their centre (slow wander too). A long window is
+        evaluated at every ``wander_window // 16``-th block only and held between
+        (it changes slowly, and this keeps it O(n)).
+        """
+        if self.wander_window <= self.window:
+            anchors, rows, med_long = k, np.arange(len(k)), med_w
+        else:
+            stride = max(1, self.wander_window // 16)
+            anchor = k - k % stride
+            anchors, rows = np.unique(anchor, return_inverse=True)
+            idx = anchors[:, None] - self.wander_window + np.arange(self.wander_window)[None, :]
+            pick = valid[np.clip(idx, 0, max(len(valid) - 1, 0))] if len(valid) else np.zeros_like(idx)
+            med_long = np.where(idx >= 0, self.med.view[pick] if len(valid) else np.nan, np.nan)
+        if self.detrend:
+            d = np.diff(med_long, axis=1)
+            spread = row_median(np.abs(d - row_median(d, 1)[:, None]), 1) / np.sqrt(2.0)
+        else:
+            spread = row_median(np.abs(med_long - row_median(med_long, self.min_blocks)[:, None]), self.min_blocks)
+        return (MAD_TO_SIGMA * spread)[rows] if len(anchors) else np.full(len(k), np.nan)
+
+    def _trend_level(self, js: np.ndarray, pick: np.ndarray, have: np.ndarray, med_w: np.ndarray,
+                     fallback: np.ndarray) -> np.ndarray:
+        """The level carried along the window's own trend to block j, kept inside the window's range.
+
+        Tukey's resistant line through the window's block medians (median of the
+        later half minus median of the earlier half, over the distance of their
+        coordinates), extrapolated one block spacing past the last block. Clipped
+        to the window's lowest and highest median: after a sudden drop (a step LR
+        decay) the level lands on the new floor instead of overshooting below
+        it, and a rising or falling trend is followed without a window's lag.
+        """
+        w, half = self.window, self.window // 2
+        full = have.all(axis=1) & np.isfinite(med_w).all(axis=1) & (js >= 2)
+        out = fallback.copy()
+        if not full.any() or self.tmid.size < 2:
+            return out
+        t = self.tmid.view
+        rows = np.flatnonzero(full)
+        tw = t[pick[rows]]
+        mw = med_w[rows]
+        early_t, late_t = np.median(tw[:, :half], axis=1), np.median(tw[:, half:], axis=1)
+        early_m, late_m = np.median(mw[:, :half], axis=1), np.median(mw[:, half:], axis=1)
+        dt = late_t - early_t
+        slope = np.where(dt > 0, (late_m - early_m) / np.where(dt > 0, dt, 1.0), 0.0)
+        prev = js[rows] - 1
+        target = t[prev] + (t[prev] - t[np.maximum(prev - 1, 0)])  # one block spacing past the last block
+        level = late_m + slope * (target - late_t)
+        out[rows] = np.clip(level, mw.min(axis=1), mw.max(axis=1))
+        return out
 
     def at(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
         """Level and scale for observations lo..hi-1 (NaN where the segment is still warming up)."""

@@ -60,6 +60,7 @@ class ScalerScanner:
         self.chain: dict | None = None  # the halving chain in progress
         self.chain_closed: list[dict] = []
         self.chain_prev, self.chain_grew = math.nan, False
+        self.chain_prev_step: int | None = None
 
     def advance(self, obs: Observations) -> None:
         steps, scale = obs["step"], obs["loss_scale"]
@@ -74,7 +75,9 @@ class ScalerScanner:
         span = np.maximum(steps[lo:n] - prev, 1)
         p0, p1 = np.minimum(1.0 / interval, self.cfg.skip_rate / 2), self.cfg.skip_rate
         inc = skips * np.log(p1 / p0) + (span - skips) * np.log((1 - p1) / (1 - p0))
-        calibrating = (np.arange(lo, n) < grew_at) & (steps[lo:n] < self.cfg.calibration_steps)
+        # A skip seen on a row happened somewhere since the row before: calibration when that interval began
+        # in the opening steps (a log written every 100 steps shows the opening halvings at step 100).
+        calibrating = (np.arange(lo, n) < grew_at) & (prev < self.cfg.calibration_steps)
         inc = np.where(calibrating, np.minimum(inc, 0.0), inc)  # the opening calibration skips by design
         s, zero = cusum(inc, self.s, -1, lo)
         cp = self._change_points(s, zero, skips, lo)
@@ -106,9 +109,11 @@ class ScalerScanner:
                     self.chain = None
                 continue
             if ch is None:
+                since = int(steps[rows[k - 1]]) if k > 0 else (self.chain_prev_step if self.chain_prev_step is not None
+                                                                 else int(steps[i]))
                 ch = self.chain = {"first": i, "last_skip": i, "min": now, "min_i": i, "before": before,
                                    "num_skipped": 0.0, "halvings": 0.0,
-                                   "calibration": not self.chain_grew and int(steps[i]) < self.cfg.calibration_steps}
+                                   "calibration": not self.chain_grew and since < self.cfg.calibration_steps}
             ch["last_skip"] = i
             ch["halvings"] = math.log2(ch["before"] / now) if now > 0 and ch["before"] > 0 else math.inf
             if "alarm" not in ch and ch["halvings"] >= self.cfg.min_halvings and not ch["calibration"]:
@@ -117,6 +122,7 @@ class ScalerScanner:
             if now < ch["min"]:
                 ch["min"], ch["min_i"] = now, i
         self.chain_prev = float(vals[-1])
+        self.chain_prev_step = int(steps[rows[-1]])
 
     def _skips(self, lo: int, n: int, obs: Observations) -> tuple[np.ndarray, int, np.ndarray]:
         """Skipped steps on each row (the flag, else the halvings of the logged scale), the first growth row,

@@ -30,6 +30,8 @@ from runwatch.detectors.core import (
 from runwatch.detectors.finding import Finding
 from runwatch.detectors.scanner import Observations, ScanContext
 
+SCAN_CHUNK = 4096
+"""Observations scanned per pass (any chunking gives the same findings)."""
 Z_BAND = 3.0
 """Back within 3 sigmas of the run's own variability (or under ``min_rise``) is back to normal."""
 RECOVERY_OBS = 2
@@ -43,7 +45,8 @@ class SlowdownScanner:
         self.ctx, self.cfg = ctx, ctx.config.slowdown
         self.winsor = ctx.config.baseline.winsor
         self.base = BlockBaseline(block=self.cfg.block, window=self.cfg.window_blocks, min_blocks=2,
-                                  rel_floor=0.0, abs_floor=0.005, follow_last=False, wander=True)
+                                  rel_floor=0.0, abs_floor=0.005, follow_last=False, wander=True,
+                                  wander_window=self.cfg.wander_blocks)
         self.log_t = Grow()
         self.pos, self.s, self.zero, self.slow_run = 0, 0.0, -1, 0
         self.episode: Episode | None = None
@@ -58,8 +61,8 @@ class SlowdownScanner:
         while self.pos < n:
             if self.episode is not None:
                 self._follow(n)
-            else:
-                self._scan(n)
+            else:  # in chunks, so a trigger early on does not pay for baselines up to the end
+                self._scan(min(n, self.pos + SCAN_CHUNK))
 
     def _scan(self, n: int) -> None:
         lo, cfg = self.pos, self.cfg
@@ -135,9 +138,12 @@ class SlowdownScanner:
                 continue  # a hiccup of a few steps (a GC pause, a noisy neighbour), not sustained
             peak = ep.onset + int(np.nanargmax(span))
             state = "back to normal" if recovered else "still slow at the last step"
+            # Until a quarter of the wander window has been seen the host's normal variability is a guess
+            # (a short calm stretch understates it): say what was seen, but do not page.
+            known = ep.onset >= cfg.wander_blocks * cfg.block // 4
             out.append(Finding(
                 kind="slowdown", onset_step=int(steps[ep.onset]), end_step=int(steps[end]), peak_step=int(steps[peak]),
-                segment=self.ctx.segment, severity="warning" if rise >= cfg.warn_rise else "info",
+                segment=self.ctx.segment, severity="warning" if rise >= cfg.warn_rise and known else "info",
                 self_recovered=recovered, needs_action=False,
                 evidence={"baseline_step_s": base, "median_step_s": level, "rise": rise, "rule": ep.rule,
                           "normal_variability": math.expm1(ep.frozen["scale"]),

@@ -42,16 +42,22 @@ from runwatch.detectors.finding import Finding
 from runwatch.detectors.scanner import Observations, ScanContext
 
 
+SCAN_CHUNK = 4096
+"""Observations scanned per pass (any chunking gives the same findings)."""
+
+
 class SpikeScanner:
     """Incremental spike detection over one segment's loss observations."""
 
     def __init__(self, ctx: ScanContext) -> None:
         self.ctx, self.cfg, base = ctx, ctx.config.spike, ctx.config.baseline
         kw = dict(block=base.block, window=base.window_blocks, min_blocks=base.min_blocks)
-        # The median of the block medians: a lagging level sits above a falling loss (negative residuals,
-        # never a false alarm) and does not chase a dip of a block or two (data-order wander).
-        self.loss_base = BlockBaseline(rel_floor=1e-3, abs_floor=1e-12, follow_last=False, **kw)
-        self.grad_base = BlockBaseline(rel_floor=0.0, abs_floor=0.02, **kw)
+        # The level follows the window's own trend (in log-step) within the window's range; the scale is the
+        # within-block noise with any trend inside a block differenced away (see ``BlockBaseline``).
+        self.loss_base = BlockBaseline(rel_floor=1e-3, abs_floor=1e-12, follow_last=False, detrend=True, trend=True,
+                                       wander_window=base.wander_blocks, **kw)
+        self.grad_base = BlockBaseline(rel_floor=0.0, abs_floor=0.02, follow_last=False, detrend=True, trend=True,
+                                       wander_window=base.wander_blocks, **kw)
         self.cold_obs = base.min_blocks * base.block
         self.winsor, self.tail_blocks = base.winsor, base.tail_min_blocks
         self.pos = ctx.history
@@ -76,8 +82,8 @@ class SpikeScanner:
         while self.pos < n:
             if self.episode is not None:
                 self._follow(loss, n)
-            else:
-                self._scan(loss, n)
+            else:  # in chunks, so a trigger early on does not pay for baselines up to the end
+                self._scan(loss, min(n, self.pos + SCAN_CHUNK))
 
     def _baselines(self, loss: np.ndarray, lo: int, hi: int) -> tuple[np.ndarray, ...]:
         """Loss and log-grad level and scale for lo..hi-1, and where a real (not cold) baseline exists."""
@@ -103,6 +109,7 @@ class SpikeScanner:
     def _scan(self, loss: np.ndarray, n: int) -> None:
         lo, cfg = self.pos, self.cfg
         level, scale, glevel, gscale, warm = self._baselines(loss, lo, n)
+        total_l, total_g = self.loss_base.total_scale(lo, n), self.grad_base.total_scale(lo, n)
         lg = self.log_grad.view
         with np.errstate(invalid="ignore", divide="ignore"):
             zl = (loss[lo:n] - level) / scale
@@ -134,7 +141,13 @@ class SpikeScanner:
                 break
         stop = n if trigger is None else trigger
         self._note_scanned(lo, stop, zl_c, zg_c, warm)
-        elevated = (zl_c[: stop - lo + (trigger is not None)] > cfg.z_band) | (zg_c[: stop - lo + (trigger is not None)] > cfg.z_band)
+        # The excursion's extent (its onset) is judged against the run's variability with its wander: a trend
+        # the lagging baseline has not caught up with (a warm-up) is not the start of a spike.
+        upto = stop - lo + (trigger is not None)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            ext_l = np.where(warm, (loss[lo:n] - level) / total_l, zl_c)[:upto]
+            ext_g = np.where(warm, (lg[lo:n] - glevel) / total_g, zg_c)[:upto]
+        elevated = (np.nan_to_num(ext_l, nan=-np.inf) > cfg.z_band) | (np.nan_to_num(ext_g, nan=-np.inf) > cfg.z_band)
         self._track_streak(elevated, lo)
         if trigger is None:
             self.s, self.zero, self.pos = float(s[-1]), int(zero[-1]), n
@@ -189,10 +202,18 @@ class SpikeScanner:
         self.episode = Episode(onset=onset, trigger=trigger, rule=rule, end=trigger, frozen={
             "level": level, "scale": scale, "glevel": glevel, "gscale": gscale, "slope": slope, "span": span,
             "t0": float(self.coord.view[onset]), "thr_loss": thr_l, "thr_grad": thr_g},
-            data={"grad_led": led_by == 1 and rule == "shewhart"})
+            data={"grad_led": led_by == 1 and rule == "shewhart", "loss_moved": self._loss_far(loss, onset, trigger + 1)})
         self.pos = trigger + 1
         self._noted = self.pos
         self.streak = None
+
+    def _loss_far(self, loss: np.ndarray, lo: int, hi: int) -> bool:
+        """Did the loss itself go past the trigger threshold in lo..hi-1 (against the live baseline)?"""
+        level, scale, _, _, _ = self._baselines(loss, lo, hi)
+        thr, _ = self._thresholds()
+        with np.errstate(invalid="ignore", divide="ignore"):
+            far = ((loss[lo:hi] - level) / scale > thr) & ((loss[lo:hi] - level) / np.abs(level) >= self.cfg.min_rise)
+        return bool(np.any(far))
 
     # -- following an episode ---------------------------------------------------------------------
 
@@ -214,7 +235,13 @@ class SpikeScanner:
         with np.errstate(invalid="ignore"):
             ok = zl <= cfg.z_band
             if ep.data["grad_led"]:
-                ok &= np.isnan(zg) | (zg <= cfg.z_band)
+                # Led by the gradient norm: until the loss itself moves, the gradient norm must come back too;
+                # once the loss moved, the loss decides (a norm that settles at a new level is a new regime).
+                rise = (loss[lo:n] - self.projection(ep, lo, n)) / abs(ep.frozen["level"])
+                moved = np.maximum.accumulate((np.nan_to_num(zl, nan=-np.inf) > ep.frozen["thr_loss"])
+                                              & (rise >= cfg.min_rise)) | ep.data.get("loss_moved", False)
+                ok &= moved | np.isnan(zg) | (zg <= cfg.z_band)
+                ep.data["loss_moved"] = bool(moved[-1]) if len(moved) else ep.data.get("loss_moved", False)
         start, ep.carry = first_run(ok, cfg.recovery_obs, ep.carry)
         if start < len(ok):
             self._close(ep, lo + start, loss)

@@ -42,8 +42,10 @@ class StallScanner:
     def __init__(self, ctx: ScanContext) -> None:
         self.segment, self.cfg = ctx.segment, ctx.config.stall
         self.pos = 0
+        # The interval's spread includes the host's wander (over a long history): a noisy host's slow stretch
+        # is not a pause.
         self.base = BlockBaseline(block=self.cfg.block, window=self.cfg.window_blocks, min_blocks=2,
-                                  rel_floor=0.01, abs_floor=1e-9)
+                                  rel_floor=0.01, abs_floor=1e-9, wander=True, wander_window=4 * self.cfg.window_blocks)
         self.hits: list[int] = []
         self.allowance: list[float] = []  # checkpoint seconds inside each hit's interval
         self.per_step = Grow()
