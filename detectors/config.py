@@ -218,10 +218,11 @@ class SlowdownConfig:
     z: float = 6.0
     """Sigmas of the run's own variability (within-block jitter and between-block wander together) one
     observation must exceed to count as slow."""
-    min_sigmas: float = 4.5
+    min_sigmas: float = 4.0
     """The median slowdown over the episode must also be this many sigmas of the run's own variability
-    (wander included): a noisy host's wander itself reaches 3-4 sigma for tens of steps now and then (an
-    AR(1) wander passes 3.5 sigma a few times per 10^5 steps); set with ``bench/calibrate.py``."""
+    (wander included, and raised by how uncertain that variability still is: see ``SlowdownScanner``): a
+    noisy host's wander itself reaches 3-4 sigma for tens of steps now and then; set with
+    ``bench/calibrate.py``."""
     cusum_k: float = 1.5
     """CUSUM reference value over the variability-scaled log step time: half of a 3-sigma shift, the smallest
     slowdown worth a page beyond a host's normal wander (which itself reaches 1-2 sigma for tens of steps)."""

@@ -80,6 +80,8 @@ def safe_log(values: np.ndarray) -> np.ndarray:
     return out
 
 
+TREND_BLOCKS = 16
+"""Blocks a trend's slope is measured over (Tukey's two halves of 8): a dip of a block or two does not tilt it."""
 TAIL_QUANTUM = 1024
 """Block maxima enter the tail sums as integers in units of 1/1024 sigma (capped at +-1000 sigma): integer
 sums are exact whatever the order blocks are added and removed in, so streaming equals offline bit for bit."""
@@ -148,6 +150,7 @@ class BlockBaseline:
         self._total = Grow()  # the scale with the between-block wander added in quadrature
         self._max = Grow()  # per block: largest residual seen while scanning it outside an episode
         self._in_tail = Grow(np.bool_)
+        self._centre, self._count = Grow(), Grow(np.int64)  # per block: sum and count of clipped residuals
         self._tail = [0, 0, 0]  # sum, sum of squares, count of the clean block maxima (fixed point: exact)
 
     @property
@@ -195,7 +198,7 @@ class BlockBaseline:
         last = med_w[:, -1]
         level = np.where(np.isfinite(last), np.fmin(centre, last), centre) if self.follow_last else centre
         if self.trend:
-            level = np.where(np.isfinite(level), self._trend_level(js, pick, have, med_w, level), level)
+            level = np.where(np.isfinite(level), self._trend_level(js, k, valid, pick, med_w, level), level)
         spread = MAD_TO_SIGMA * row_median(mad_w, 1)
         # The wander: how far the block medians stray from one another, beyond what the within-block noise
         # of a median of ``block`` observations explains (its standard error is ~1.25 sigma / sqrt(block)).
@@ -237,35 +240,50 @@ class BlockBaseline:
             spread = row_median(np.abs(med_long - row_median(med_long, self.min_blocks)[:, None]), self.min_blocks)
         return (MAD_TO_SIGMA * spread)[rows] if len(anchors) else np.full(len(k), np.nan)
 
-    def _trend_level(self, js: np.ndarray, pick: np.ndarray, have: np.ndarray, med_w: np.ndarray,
+    def _trend_level(self, js: np.ndarray, k: np.ndarray, valid: np.ndarray, pick: np.ndarray, med_w: np.ndarray,
                      fallback: np.ndarray) -> np.ndarray:
-        """The level carried along the window's own trend to block j, kept inside the window's range.
+        """The window's median carried along the run's trend to block j, kept inside the window's range.
 
-        Tukey's resistant line through the window's block medians (median of the
-        later half minus median of the earlier half, over the distance of their
-        coordinates), extrapolated one block spacing past the last block. Clipped
-        to the window's lowest and highest median: after a sudden drop (a step LR
-        decay) the level lands on the new floor instead of overshooting below
-        it, and a rising or falling trend is followed without a window's lag.
+        The slope is Tukey's resistant line over the last ``TREND_BLOCKS`` valid
+        blocks (median of the later half minus median of the earlier half, over
+        the distance of their coordinates): long enough that a dip of a block or
+        two (data-order wander) does not tilt it. The window's median is carried
+        from the window's centre to one block spacing past its last block, and
+        clipped to the window's lowest and highest median: after a sudden drop (a
+        step LR decay) the level lands on the new floor instead of overshooting it.
         """
-        w, half = self.window, self.window // 2
-        full = have.all(axis=1) & np.isfinite(med_w).all(axis=1) & (js >= 2)
         out = fallback.copy()
-        if not full.any() or self.tmid.size < 2:
-            return out
         t = self.tmid.view
-        rows = np.flatnonzero(full)
-        tw = t[pick[rows]]
-        mw = med_w[rows]
-        early_t, late_t = np.median(tw[:, :half], axis=1), np.median(tw[:, half:], axis=1)
-        early_m, late_m = np.median(mw[:, :half], axis=1), np.median(mw[:, half:], axis=1)
-        dt = late_t - early_t
-        slope = np.where(dt > 0, (late_m - early_m) / np.where(dt > 0, dt, 1.0), 0.0)
+        if self.tmid.size < 2:
+            return out
+        slope, _ = self._slopes(k, valid)
+        ok = np.isfinite(slope) & (js >= 2) & np.isfinite(med_w).all(axis=1)
+        if not ok.any():
+            return out
+        rows = np.flatnonzero(ok)
+        centre_t = np.median(t[pick[rows]], axis=1)
         prev = js[rows] - 1
         target = t[prev] + (t[prev] - t[np.maximum(prev - 1, 0)])  # one block spacing past the last block
-        level = late_m + slope * (target - late_t)
-        out[rows] = np.clip(level, mw.min(axis=1), mw.max(axis=1))
+        mw = med_w[rows]
+        out[rows] = np.clip(fallback[rows] + slope[rows] * (target - centre_t), mw.min(axis=1), mw.max(axis=1))
         return out
+
+    def _slopes(self, k: np.ndarray, valid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(slope, coordinate span) of the last ``TREND_BLOCKS`` valid blocks before each row; NaN when fewer."""
+        w, half = TREND_BLOCKS, TREND_BLOCKS // 2
+        idx = k[:, None] - w + np.arange(w)[None, :]
+        full = (idx >= 0).all(axis=1)
+        slope, span = np.full(len(k), np.nan), np.zeros(len(k))
+        if not full.any() or self.tmid.size < self.med.size or not len(valid):
+            return slope, span
+        pick = valid[np.clip(idx[full], 0, len(valid) - 1)]
+        m, t = self.med.view[pick], self.tmid.view[pick]
+        dt = np.median(t[:, half:], axis=1) - np.median(t[:, :half], axis=1)
+        dm = np.median(m[:, half:], axis=1) - np.median(m[:, :half], axis=1)
+        good = (dt > 0) & np.isfinite(dm)
+        slope[full] = np.where(good, dm / np.where(dt > 0, dt, 1.0), np.nan)
+        span[full] = t[:, -1] - t[:, 0]
+        return slope, span
 
     def at(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
         """Level and scale for observations lo..hi-1 (NaN where the segment is still warming up)."""
@@ -279,28 +297,23 @@ class BlockBaseline:
         """The scale with the between-block wander added in quadrature, for observations lo..hi-1 (after ``at``)."""
         return self._total.view[np.arange(lo, hi) // self.block]
 
-    def slope(self, i: int, decreasing: bool = True) -> tuple[float, float]:
-        """(slope per unit coordinate, coordinate span) of the trailing window of observation i's block.
+    def slope(self, i: int, decreasing: bool = True) -> tuple[float, float, float]:
+        """(slope per unit coordinate, coordinate span, floor) of the trend at observation i's block.
 
-        Tukey's resistant line through the block medians (the median of the
-        later half minus the median of the earlier half, over the distance of
-        their coordinates); clamped to <= 0 with ``decreasing`` (a loss
-        baseline never projects a rise). The span bounds how far the line may
-        be carried forward.
+        The slope of ``_slopes`` (clamped to <= 0 with ``decreasing``: a loss
+        baseline never projects a rise), the span it was measured over (how far
+        it may be carried forward), and the lowest of the last window's block
+        medians (a projection never goes below where the run has actually been).
         """
         j = i // self.block
         nb = min(self.med.size, j)
-        valid = np.flatnonzero(~self.excluded.view[:nb])[-self.window:]
-        if len(valid) < 4 or self.tmid.size < nb:
-            return 0.0, 0.0
-        half = len(valid) // 2
-        early, late = valid[:half], valid[-half:]
-        m, t = self.med.view, self.tmid.view
-        dt = float(np.median(t[late]) - np.median(t[early]))
-        if not (dt > 0 and np.isfinite(m[valid]).all()):
-            return 0.0, 0.0
-        slope = float(np.median(m[late]) - np.median(m[early])) / dt
-        return (min(slope, 0.0) if decreasing else slope), float(t[valid[-1]] - t[valid[0]])
+        valid = np.flatnonzero(~self.excluded.view[:nb])
+        if not len(valid):
+            return 0.0, 0.0, -np.inf
+        slope, span = self._slopes(np.array([len(valid)]), valid)
+        floor = float(np.nanmin(self.med.view[valid[-self.window:]]))
+        s = float(slope[0]) if np.isfinite(slope[0]) else 0.0
+        return (min(s, 0.0) if decreasing else s), float(span[0]), floor
 
     def note_scanned(self, lo: int, z: np.ndarray) -> None:
         """Residuals ``z`` of observations lo.. were scanned outside any episode: keep each block's maximum,
@@ -311,10 +324,15 @@ class BlockBaseline:
         while self._max.size <= last:
             self._max.append(np.nan)
             self._in_tail.append(False)
+            self._centre.append(0.0)
+            self._count.append(0)
         starts = np.concatenate([[0], np.arange((first + 1) * self.block, (last + 1) * self.block, self.block) - lo])
         seg_max = np.maximum.reduceat(np.where(np.isfinite(z), z, -np.inf), starts)
         view = self._max.view
         view[first:last + 1] = np.fmax(view[first:last + 1], np.where(np.isfinite(seg_max), seg_max, np.nan))
+        finite = np.isfinite(z)
+        self._centre.view[first:last + 1] += np.add.reduceat(np.where(finite, np.clip(z, -3.0, 3.0), 0.0), starts)
+        self._count.view[first:last + 1] += np.add.reduceat(finite.astype(np.int64), starts)
         done = (lo + len(z)) // self.block  # blocks fully scanned
         bs = np.arange(first, min(done, last + 1))
         if not len(bs):
@@ -322,7 +340,11 @@ class BlockBaseline:
         has_base = bs < self._level.size
         level = np.where(has_base, self._level.view[np.minimum(bs, max(self._level.size - 1, 0))], np.nan) \
             if self._level.size else np.full(len(bs), np.nan)
-        ok = ~self._in_tail.view[bs] & ~self.excluded.view[bs] & np.isfinite(view[bs]) & np.isfinite(level)
+        # Only blocks the baseline fitted (their clipped mean residual within one sigma of 0) inform the tail:
+        # a level lagging a fast fall leaves whole blocks below it, which says nothing about the upper tail.
+        centred = np.abs(self._centre.view[bs] / np.maximum(self._count.view[bs], 1)) <= 1.0
+        ok = (~self._in_tail.view[bs] & ~self.excluded.view[bs] & np.isfinite(view[bs]) & np.isfinite(level)
+              & centred)
         q = _quantize(view[bs[ok]])
         self._tail[0] += int(q.sum())
         self._tail[1] += int((q * q).sum())

@@ -96,9 +96,25 @@ class SlowdownScanner:
         if not np.isfinite(lv[0]):
             lv, sc = self.base.at(trigger, trigger + 1)
         self.episode = Episode(onset=at, trigger=trigger, rule="cusum" if s[j] > cfg.cusum_h else "shewhart",
-                               frozen={"level": float(lv[0]), "scale": float(sc[0])}, end=trigger,
-                               data={"last_slow": trigger})
+                               frozen={"level": float(lv[0]), "scale": float(sc[0]),
+                                       "scale_ucb": float(sc[0]) * self._uncertainty(at)},
+                               end=trigger, data={"last_slow": trigger})
         self.pos, self.slow_run = trigger + 1, 0
+
+    def _uncertainty(self, i: int) -> float:
+        """How much the variability measured before observation i may understate the host's: its sigma is
+        known to about 1/sqrt(2 n_eff), with n_eff the blocks seen discounted for their autocorrelation
+        (n (1 - rho) / (1 + rho) for an AR(1) wander); a MAD doubles that. So 1 + 2 / sqrt(n_eff): a calm
+        stretch early in a noisy host's run does not make its normal wander look like a slowdown."""
+        med = self.base.med.view[:i // self.cfg.block][-self.cfg.wander_blocks:]
+        med = med[np.isfinite(med)]
+        if len(med) < 3:
+            return 3.0
+        a, b = med[:-1] - med[:-1].mean(), med[1:] - med[1:].mean()
+        denom = math.sqrt(float((a * a).sum() * (b * b).sum()))
+        rho = min(max(float((a * b).sum()) / denom, 0.0), 0.99) if denom > 0 else 0.0
+        n_eff = max(len(med) * (1 - rho) / (1 + rho), 1.0)
+        return 1.0 + 2.0 / math.sqrt(n_eff)
 
     def _follow(self, n: int) -> None:
         ep, lo = self.episode, self.pos
@@ -130,7 +146,7 @@ class SlowdownScanner:
             base = math.exp(ep.frozen["level"])
             level = float(np.nanmedian(span))
             rise = level / base - 1
-            if rise < cfg.min_rise or math.log1p(rise) < cfg.min_sigmas * ep.frozen["scale"]:
+            if rise < cfg.min_rise or math.log1p(rise) < cfg.min_sigmas * ep.frozen["scale_ucb"]:
                 continue  # within the run's own variability (a noisy host wanders this much by itself)
             if rise < cfg.warn_rise and end - ep.onset + 1 < cfg.min_small_obs:
                 continue  # a few percent for a few observations is machine jitter, not a slowdown
@@ -138,14 +154,12 @@ class SlowdownScanner:
                 continue  # a hiccup of a few steps (a GC pause, a noisy neighbour), not sustained
             peak = ep.onset + int(np.nanargmax(span))
             state = "back to normal" if recovered else "still slow at the last step"
-            # Until a quarter of the wander window has been seen the host's normal variability is a guess
-            # (a short calm stretch understates it): say what was seen, but do not page.
-            known = ep.onset >= cfg.wander_blocks * cfg.block // 4
             out.append(Finding(
                 kind="slowdown", onset_step=int(steps[ep.onset]), end_step=int(steps[end]), peak_step=int(steps[peak]),
-                segment=self.ctx.segment, severity="warning" if rise >= cfg.warn_rise and known else "info",
+                segment=self.ctx.segment, severity="warning" if rise >= cfg.warn_rise else "info",
                 self_recovered=recovered, needs_action=False,
                 evidence={"baseline_step_s": base, "median_step_s": level, "rise": rise, "rule": ep.rule,
+                          "variability_upper_bound": math.expm1(ep.frozen["scale_ucb"]),
                           "normal_variability": math.expm1(ep.frozen["scale"]),
                           "detected_step": int(steps[ep.trigger])},
                 message=f"steps {rise:.0%} slower from step {int(steps[ep.onset])} "

@@ -195,12 +195,23 @@ class SpikeScanner:
             self.streak = lo
 
     def _open(self, onset: int, trigger: int, rule: str, loss: np.ndarray, led_by: int) -> None:
+        last = self.closed[-1] if self.closed else None
+        if last is not None and onset - (last.recovered_at + self.cfg.recovery_obs) < self.cfg.patience_obs:
+            # Out again within the patience of its recovery: the excursion was not over (the tail of a slow
+            # recovery), so the episode goes on rather than a second one starting.
+            self.closed.pop()
+            last.recovered_at, last.carry, last.end = None, 0, trigger
+            self.episode = last
+            self.pos = self._noted = trigger + 1
+            self.streak = None
+            return
         at = onset if np.isfinite(self.loss_base.at(onset, onset + 1)[0][0]) else trigger
         level, scale, glevel, gscale, _ = (float(v[0]) for v in self._baselines(loss, at, at + 1))
-        slope, span = self.loss_base.slope(at)
+        slope, span, floor = self.loss_base.slope(at)
         thr_l, thr_g = self._thresholds()
         self.episode = Episode(onset=onset, trigger=trigger, rule=rule, end=trigger, frozen={
             "level": level, "scale": scale, "glevel": glevel, "gscale": gscale, "slope": slope, "span": span,
+            "floor": min(floor, level),
             "t0": float(self.coord.view[onset]), "thr_loss": thr_l, "thr_grad": thr_g},
             data={"grad_led": led_by == 1 and rule == "shewhart", "loss_moved": self._loss_far(loss, onset, trigger + 1)})
         self.pos = trigger + 1
@@ -221,7 +232,7 @@ class SpikeScanner:
         """The pre-onset trend carried forward over observations lo..hi-1 (never further than its own span)."""
         f = ep.frozen
         dt = np.clip(self.coord.view[lo:hi] - f["t0"], 0.0, f["span"])
-        return f["level"] + f["slope"] * dt
+        return np.maximum(f["level"] + f["slope"] * dt, f["floor"])
 
     def residuals(self, ep: Episode, loss: np.ndarray, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
         f = ep.frozen
