@@ -48,16 +48,19 @@ from runwatch.detectors.analysis import analyze  # noqa: E402
 from runwatch.detectors.config import DEFAULT, DetectorConfig  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
-HEALTHY_LOGS = (  # (name, format, path under realruns, columns that are healthy there)
-    ("llmc-124m", "llmc", "llmc-gpt2-124m/raw.log", ("loss", "grad_norm")),
-    ("llmc-124m-adamw", "llmc", "llmc-gpt2-124m/raw_2024-06-06_AdamW_baseline.log", ("loss", "grad_norm")),
-    ("modded-1p5b", "modded-nanogpt", "modded-nanogpt-1p5b/raw.log", ("loss", "step_time")),
-    ("golden-a100", "megatron-golden", "megatron-lm-gpt3-15b-8t/raw_lts_dgx_a100.json", ("loss", "step_time")),
-    ("golden-h100-loss", "megatron-golden", "megatron-lm-gpt3-15b-8t/raw_dgx_h100.json", ("loss",)),
-    ("msft-125m-fp16", "megatron", "msft-megatron-ds-gpt3-125m-fp16/raw.log", ("loss", "loss_scale", "lr")),
+HEALTHY_LOGS = (  # (name, format, path under realruns, columns that are healthy there, residual donor)
+    ("llmc-124m", "llmc", "llmc-gpt2-124m/raw.log", ("loss", "grad_norm"), True),
+    ("llmc-124m-adamw", "llmc", "llmc-gpt2-124m/raw_2024-06-06_AdamW_baseline.log", ("loss", "grad_norm"), True),
+    ("modded-1p5b", "modded-nanogpt", "modded-nanogpt-1p5b/raw.log", ("loss", "step_time"), True),
+    ("golden-a100", "megatron-golden", "megatron-lm-gpt3-15b-8t/raw_lts_dgx_a100.json", ("loss", "step_time"), True),
+    ("golden-h100-loss", "megatron-golden", "megatron-lm-gpt3-15b-8t/raw_dgx_h100.json", ("loss",), True),
+    # Judged, but not residual donors: 213 rows, and a multi-epoch fine-tune whose loss steps down each epoch.
+    ("msft-125m-fp16", "megatron", "msft-megatron-ds-gpt3-125m-fp16/raw.log", ("loss", "loss_scale", "lr"), False),
     ("ds-chat-sft", "deepspeed", "deepspeed-chat-opt/step1_supervised_finetuning__opt-1.3b-globalBatchSize128.log",
-     ("loss", "loss_scale", "found_inf", "lr")),
+     ("loss", "loss_scale", "found_inf", "lr"), False),
 )
+DONORS = {name for name, *_, donor in HEALTHY_LOGS if donor}
+"""Pre-training logs whose residuals are resampled (fine-tuning logs step down at each epoch)."""
 BLOCK = 64
 """Observations per resampled residual block: long enough to keep the logs' autocorrelation."""
 
@@ -67,7 +70,7 @@ BLOCK = 64
 def import_healthy(root: Path) -> dict[str, pa.Table]:
     """The healthy real logs, imported with the real CLI, as rows of their healthy columns only."""
     out = {}
-    for name, fmt, rel, cols in HEALTHY_LOGS:
+    for name, fmt, rel, cols, _ in HEALTHY_LOGS:
         path = REALRUNS / rel
         if not path.exists():
             continue
@@ -99,7 +102,9 @@ def unit_residuals(x: np.ndarray, log: bool) -> np.ndarray:
 def residual_pools(logs: dict[str, pa.Table]) -> dict[str, list[np.ndarray]]:
     """Unit residual series of the real logs, per signal (loss; log grad norm)."""
     pools: dict[str, list[np.ndarray]] = {"loss": [], "grad_norm": []}
-    for rows in logs.values():
+    for name, rows in logs.items():
+        if name not in DONORS:
+            continue
         for col, log in (("loss", False), ("grad_norm", True)):
             if col in rows.column_names:
                 r = unit_residuals(rows[col].to_numpy(zero_copy_only=False).astype(float), log)

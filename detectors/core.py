@@ -188,11 +188,7 @@ class BlockBaseline:
             rows = np.arange(len(k))
         else:
             k, rows = np.unique(k, return_inverse=True)
-        idx = k[:, None] - self.window + np.arange(self.window)[None, :]
-        have = idx >= 0
-        pick = valid[np.clip(idx, 0, max(len(valid) - 1, 0))] if len(valid) else np.zeros_like(idx)
-        med_w = np.where(have, self.med.view[pick] if len(valid) else np.nan, np.nan)
-        mad_w = np.where(have, self.mad.view[pick] if len(valid) else np.nan, np.nan)
+        pick, med_w, mad_w = self._windows(k, valid, self.window)
         enough = np.isfinite(med_w).sum(axis=1) >= self.min_blocks
         centre = row_median(med_w, self.min_blocks)
         last = med_w[:, -1]
@@ -202,7 +198,10 @@ class BlockBaseline:
         spread = MAD_TO_SIGMA * row_median(mad_w, 1)
         # The wander: how far the block medians stray from one another, beyond what the within-block noise
         # of a median of ``block`` observations explains (its standard error is ~1.25 sigma / sqrt(block)).
-        between = self._between(k, valid, med_w)
+        between, noise_long = self._between(k, valid, med_w)
+        # The noise does not drop below half its long-run level in a window: a stretch of repeated values (a
+        # log printed with few digits, a stalled counter) would otherwise make every normal value an outlier.
+        spread = np.fmax(spread, 0.5 * noise_long)
         noise = np.where(np.isfinite(spread), spread, 0.0)
         excess = np.maximum(np.where(np.isfinite(between), between, 0.0) ** 2 - 1.57 * noise ** 2 / self.block, 0.0)
         total = np.sqrt(noise ** 2 + excess)
@@ -215,8 +214,23 @@ class BlockBaseline:
         self._scale.extend(np.where(enough, scale, np.nan)[rows])
         self._total.extend(np.where(enough, total, np.nan)[rows])
 
-    def _between(self, k: np.ndarray, valid: np.ndarray, med_w: np.ndarray) -> np.ndarray:
-        """The wander: how far the block medians stray, over the last ``wander_window`` valid blocks.
+    def _windows(self, k: np.ndarray, valid: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(block indices, medians, MADs) of the ``width`` valid blocks before each of ``k`` (NaN-padded)."""
+        idx = k[:, None] - width + np.arange(width)[None, :]
+        if len(valid) and valid[-1] == len(valid) - 1:  # nothing excluded: windows are plain slices
+            pad = np.full(width, np.nan)
+            med = np.lib.stride_tricks.sliding_window_view(np.concatenate([pad, self.med.view[:len(valid)]]), width)
+            mad = np.lib.stride_tricks.sliding_window_view(np.concatenate([pad, self.mad.view[:len(valid)]]), width)
+            return np.maximum(idx, 0), med[k], mad[k]
+        have = idx >= 0
+        pick = valid[np.clip(idx, 0, max(len(valid) - 1, 0))] if len(valid) else np.zeros_like(idx)
+        med_w = np.where(have, self.med.view[pick] if len(valid) else np.nan, np.nan)
+        mad_w = np.where(have, self.mad.view[pick] if len(valid) else np.nan, np.nan)
+        return pick, med_w, mad_w
+
+    def _between(self, k: np.ndarray, valid: np.ndarray, med_w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The wander (how far the block medians stray) and the long-run noise (median block MAD as a sigma), over
+        the last ``wander_window`` valid blocks.
 
         With ``detrend`` from the differences of consecutive medians (blind to a
         smooth trend such as a falling loss, not to wander); otherwise from the
@@ -225,20 +239,22 @@ class BlockBaseline:
         (it changes slowly, and this keeps it O(n)).
         """
         if self.wander_window <= self.window:
-            anchors, rows, med_long = k, np.arange(len(k)), med_w
+            anchors, rows = k, np.arange(len(k))
+            _, med_long, mad_long = self._windows(anchors, valid, self.window)
         else:
             stride = max(1, self.wander_window // 16)
             anchor = k - k % stride
             anchors, rows = np.unique(anchor, return_inverse=True)
-            idx = anchors[:, None] - self.wander_window + np.arange(self.wander_window)[None, :]
-            pick = valid[np.clip(idx, 0, max(len(valid) - 1, 0))] if len(valid) else np.zeros_like(idx)
-            med_long = np.where(idx >= 0, self.med.view[pick] if len(valid) else np.nan, np.nan)
+            _, med_long, mad_long = self._windows(anchors, valid, self.wander_window)
+        noise_long = MAD_TO_SIGMA * row_median(mad_long, 1)
         if self.detrend:
             d = np.diff(med_long, axis=1)
             spread = row_median(np.abs(d - row_median(d, 1)[:, None]), 1) / np.sqrt(2.0)
         else:
             spread = row_median(np.abs(med_long - row_median(med_long, self.min_blocks)[:, None]), self.min_blocks)
-        return (MAD_TO_SIGMA * spread)[rows] if len(anchors) else np.full(len(k), np.nan)
+        if not len(anchors):
+            return np.full(len(k), np.nan), np.full(len(k), np.nan)
+        return (MAD_TO_SIGMA * spread)[rows], noise_long[rows]
 
     def _trend_level(self, js: np.ndarray, k: np.ndarray, valid: np.ndarray, pick: np.ndarray, med_w: np.ndarray,
                      fallback: np.ndarray) -> np.ndarray:
@@ -321,11 +337,12 @@ class BlockBaseline:
         if not len(z):
             return
         first, last = lo // self.block, (lo + len(z) - 1) // self.block
-        while self._max.size <= last:
-            self._max.append(np.nan)
-            self._in_tail.append(False)
-            self._centre.append(0.0)
-            self._count.append(0)
+        grow = last + 1 - self._max.size
+        if grow > 0:
+            self._max.extend(np.full(grow, np.nan))
+            self._in_tail.extend(np.zeros(grow, dtype=bool))
+            self._centre.extend(np.zeros(grow))
+            self._count.extend(np.zeros(grow, dtype=np.int64))
         starts = np.concatenate([[0], np.arange((first + 1) * self.block, (last + 1) * self.block, self.block) - lo])
         seg_max = np.maximum.reduceat(np.where(np.isfinite(z), z, -np.inf), starts)
         view = self._max.view

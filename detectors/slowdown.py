@@ -30,7 +30,7 @@ from runwatch.detectors.core import (
 from runwatch.detectors.finding import Finding
 from runwatch.detectors.scanner import Observations, ScanContext
 
-SCAN_CHUNK = 4096
+SCAN_CHUNK = 32768
 """Observations scanned per pass (any chunking gives the same findings)."""
 Z_BAND = 3.0
 """Back within 3 sigmas of the run's own variability (or under ``min_rise``) is back to normal."""

@@ -41,7 +41,7 @@ from runwatch.detectors.divergence import growth_start
 from runwatch.detectors.finding import Finding
 from runwatch.detectors.scanner import Observations, ScanContext
 
-SCAN_CHUNK = 4096
+SCAN_CHUNK = 32768
 """Observations scanned per pass (any chunking gives the same findings)."""
 
 
