@@ -117,7 +117,7 @@ def window_means(z: np.ndarray, n: int) -> np.ndarray:
     """Means of every ``n`` consecutive observations (empty when there are fewer); NaN counts as 0."""
     if len(z) < n:
         return np.empty(0)
-    c = np.concatenate([[0.0], np.cumsum(np.nan_to_num(z, nan=0.0, posinf=1e12))])
+    c = np.concatenate([[0.0], np.cumsum(np.nan_to_num(z, nan=0.0, posinf=1e12, neginf=-1e12))])
     return (c[n:] - c[:-n]) / n
 
 
@@ -210,8 +210,9 @@ def loss_label(inj: Injection, lin: Lineage, i0: int, i1: int, rules: LabelRules
         return None
     last = len(lin.step) - 1
     peak = max(_peak(zl[i0:peak_hi]), _peak(window_means(zl[i0:i1], rules.lift_run)))
-    # It ends when back in band after it left the band (a slow ramp may take a while to leave it).
-    left = np.flatnonzero(np.nan_to_num(zl[i0:], nan=0.0) >= rules.band)
+    # It ends when back in band after it left the band near the cause (a persisting cause that leaves it
+    # later is judged by whether it stayed back, below).
+    left = np.flatnonzero(np.nan_to_num(zl[i0:peak_hi], nan=0.0) >= rules.band)
     j = first_settled(zl, i0 + (int(left[0]) if len(left) else 0), rules.band, rules.lift_run)
     end = last if j is None else max(i0, j - 1)
     if persisting:
@@ -295,8 +296,8 @@ def label_run(injections: list[Injection], lines: dict[int, Lineage], cuts: dict
         if not len(idx):
             continue  # past the segment's last logged row
         i0 = int(idx[0])
-        later = [int(np.searchsorted(lin.step, o.first_effect)) for o in injections
-                 if o.segment == inj.segment and CHANNEL[o.kind] == CHANNEL[inj.kind] and o.first_effect > inj.first_effect]
+        later = [int(np.searchsorted(lin.step, o.first_effect)) for o in injections if o.segment == inj.segment
+                 and CHANNEL[o.kind] == CHANNEL[inj.kind] and o.first_effect > inj.first_effect]
         i1 = min(later, default=len(lin.step))
         if inj.kind in ("spike", "divergence"):
             lab = loss_label(inj, lin, i0, max(i1, i0 + 1), rules)

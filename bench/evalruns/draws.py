@@ -121,9 +121,9 @@ def _faults(rng: np.random.Generator, sub: str, s: int, seg: int, batch_offset: 
             every: int) -> tuple[Fault, ...]:
     """The training faults of one cause at step ``s``, sized log-uniformly across the edge of detectability."""
     if sub == "lr_burst":
-        return (Fault("lr_burst", s, int(rng.integers(1, 5)), _logu(rng, 2.0, 150.0), segment=seg),)
+        return (Fault("lr_burst", s, int(rng.integers(1, 5)), _logu(rng, 2.0, 300.0), segment=seg),)
     if sub == "bad_batch":  # keyed by data position, which a resume's skip window moves away from the step
-        return (Fault("bad_batch", s + batch_offset, int(rng.integers(1, 6)), min(1.0, _logu(rng, 0.03, 1.5))),)
+        return (Fault("bad_batch", s + batch_offset, int(rng.integers(1, 6)), min(1.0, _logu(rng, 0.05, 3.0))),)
     if sub == "lr_jump":
         return (Fault("lr_jump", s, FOREVER, _logu(rng, 1.5, 80.0), segment=seg),)
     if sub == "lr_grow":

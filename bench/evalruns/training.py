@@ -44,10 +44,12 @@ POOL = 8192  # sequences per run; batches cycle through a fixed permutation
 class Fault:
     """One injected fault. ``step`` is the first step it acts on; ``length`` steps in all."""
 
-    kind: str  # lr_burst | lr_jump | lr_grow | lr_ramp | weight_growth | bad_batch | nan_weight | nan_grad | overflow | stall | slowdown
+    # lr_burst | lr_jump | lr_grow | lr_ramp | weight_growth | bad_batch | nan_weight | nan_grad | overflow
+    # | stall | slowdown
+    kind: str
     step: int  # bad_batch: the data position (batch index), which a resume's skip window can jump over
     length: int = 1
-    factor: float = 1.0  # lr multiplier, growth rate, gap or slowdown factor; bad_batch: fraction of the batch corrupted
+    factor: float = 1.0  # lr multiplier, growth rate, gap or slowdown factor; bad_batch: share of the batch corrupted
     every: int = 1  # overflow bursts: one overflow every `every` steps
     segment: int = 0  # only acts in this segment
 
@@ -258,9 +260,12 @@ def _train_step(spec: RunSpec, st: _State, pool: torch.Tensor, perm: torch.Tenso
         gn = torch.nn.utils.clip_grad_norm_(st.model.parameters(), spec.clip)
         st.scaler.step(st.opt)
         st.scaler.update()
+        # The scaler skipped the step iff it backed off (a gradient norm that overflows while every
+        # gradient is finite is not a skip: the step ran, clipped to nothing).
+        skipped = st.scaler.get_scale() < scale
         if spec.min_scale is not None and st.scaler.get_scale() < spec.min_scale:
             st.scaler.update(new_scale=float(spec.min_scale))  # DeepSpeed: "reducing to 1" stays at 1
-        row.update(loss_scale=float(scale), found_inf=not bool(torch.isfinite(gn)))
+        row.update(loss_scale=float(scale), found_inf=skipped)
     else:
         loss.backward()
         if _active(spec, st, "nan_grad"):
