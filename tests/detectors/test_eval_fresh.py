@@ -160,3 +160,24 @@ def test_effect_size_decides_label_dont_care_or_nothing(size, expect) -> None:
 def test_label_rules_reject_inverted_thresholds() -> None:
     with pytest.raises(ValueError, match="negligible < clear"):
         LabelRules(clear_peak=2.0)
+
+
+def test_a_seed_generates_the_same_store_and_labels_byte_for_byte(tmp_path: Path) -> None:
+    """Seed 446's first two runs are short (a clean fp16 run and an fp16 slowdown + overflow burst)."""
+    import json
+
+    from evalruns.fresh import generate_fresh
+
+    from runwatch.data.store import Store
+
+    texts = []
+    for k in range(2):  # separate training caches: the second trains again, it does not read the first
+        info = generate_fresh(tmp_path / f"out{k}", 446, 2, cache_dir=tmp_path / f"cache{k}", verbose=False)
+        texts.append((tmp_path / f"out{k}" / "labels.json").read_bytes())
+    assert texts[0] == texts[1]
+    assert json.loads(texts[0]) == info and [r["run"] for r in info["runs"]] == ["f446-000", "f446-001"]
+    with Store(tmp_path / "out0" / "store") as store:
+        for run in info["runs"]:
+            meta = store.meta(run["run"])
+            assert meta["scaler"]["growth_interval"] > 0 and meta["scaler"]["backoff_factor"] == 0.5
+            assert store.rows(run["run"], rank=0).num_rows > 0
