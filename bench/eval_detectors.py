@@ -218,9 +218,10 @@ def _score_rollback(run: str, run_info: dict, report: object, rollback: dict) ->
 
 def report_rows(res: dict) -> list[Row]:
     rb = res["rollback"]
+    kinds = [*KINDS, *sorted(set(res["strict"]) - set(KINDS))]  # a kind no label has (bad_resume) still shows
     rows = [Row("runwatch", kind, res["strict"].get(kind, KindScore()), res["alarms"].get(kind, KindScore()),
                 res["false_alarms"].per_million(kind), f"{rb['right']}/{rb['needed']}" if kind == KINDS[0] else "")
-            for kind in KINDS]
+            for kind in kinds]
     for name, scores in res["family"].items():
         rows.append(Row(name, "loss_excursion (spike+divergence)", scores.get("loss_excursion", KindScore()),
                         res["family_alarms"][name].get("loss_excursion", KindScore()),

@@ -111,11 +111,11 @@ def _positions(rng: np.random.Generator, k: int, lo: int, hi: int, b: dict) -> l
             if ckpts and rng.random() < NEAR_CHECKPOINT:
                 out.append(int(rng.choice(ckpts)) + int(rng.integers(0, 3)))
             else:
-                out.append(int(rng.integers(lo, hi)) if hi > lo else lo)
+                out.append(int(rng.integers(lo, hi)))
         out.sort()
-        if all(b - a >= gap for a, b in zip(out, out[1:])) and (not out or out[-1] < hi + 3):
+        if all(later - earlier >= gap for earlier, later in zip(out, out[1:])):
             return out
-    return out[:1]
+    return out[:1]  # the segment is too short for them all: keep one
 
 
 def _faults(rng: np.random.Generator, sub: str, s: int, seg: int, batch_offset: int,
