@@ -68,8 +68,9 @@ def visible_label(spec: HeldoutSpec, lab: Label) -> Label | None:
             return None
         onset = int(before[-1]) if len(before) and spec.log_every > 1 else lab.onset
         return replace(lab, onset=onset, end=int(after[0]))
-    if lab.kind in ("slowdown", "divergence", "nan", "scaler_collapse"):
-        # A gap, a slower pace, a lasting loss/scale change or a NaN shows at the next logged row.
+    if lab.kind in ("slowdown", "divergence", "nan", "scaler_collapse") or lab.subtype.startswith("lr_"):
+        # A gap, a slower pace, a lasting loss/scale change, a NaN or the aftermath of an LR burst (its
+        # update is done; the damage stays in the weights) shows at the next logged row.
         after = steps[steps >= lab.onset]
         if not len(after):
             return None
