@@ -21,7 +21,7 @@ from runwatch.collectors.importers.base import ParsedLog, write_import
 from .scenarios import LabelledRun, scenarios
 from .training import RunSpec, train
 
-VERSION = "labelled-v5"  # v5: checkpoint events carry write_seconds, as the record says
+VERSION = "labelled-v6"  # v6: resume events carry the checkpoint's step (the record's contract)
 
 
 def generate(out_dir: Path, runs: list[LabelledRun] | None = None, *, verbose: bool = False,
@@ -36,8 +36,8 @@ def generate(out_dir: Path, runs: list[LabelledRun] | None = None, *, verbose: b
     num_rows = 0
     for k, lr in enumerate(runs):
         rows, events = train_fn(lr.spec)
-        write_import(root, lr.spec.run, ParsedLog.from_rows(rows, events=events), replace=True,
-                     meta={"source": source, "scenario": lr.spec.scenario, "labels_version": version})
+        write_run(root, lr.spec.run, rows, events,
+                  meta={"source": source, "scenario": lr.spec.scenario, "labels_version": version})
         num_rows += len(rows)
         if verbose and (k + 1) % 20 == 0:
             print(f"  generated {k + 1}/{len(runs)} runs, {time.perf_counter() - t0:.0f}s", flush=True)
@@ -45,6 +45,16 @@ def generate(out_dir: Path, runs: list[LabelledRun] | None = None, *, verbose: b
             "seconds": round(time.perf_counter() - t0, 1), "runs": [describe(lr) for lr in runs]}
     (out_dir / "labels.json").write_text(json.dumps(info, indent=1))
     return info
+
+
+def write_run(root: Path, run: str, rows: list[dict], events: list[dict], meta: dict) -> None:
+    """Land one trained run in the store the way an archived log lands (``write_import``).
+
+    A resume event starts a new segment at its row even when the new segment's
+    first step is later than the last one (the step counter skipped with the data).
+    """
+    breaks = {int(ev["row_index"]) for ev in events if ev["event"] == "resume"}
+    write_import(root, run, ParsedLog.from_rows(rows, events=events, breaks=breaks), replace=True, meta=meta)
 
 
 def load_or_generate(results_dir: Path, *, verbose: bool = True) -> tuple[Path, dict]:

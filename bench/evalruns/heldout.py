@@ -11,18 +11,15 @@ warm-up lengths; mild to severe fault magnitudes, early and late positions;
 longer runs; a rollback followed by a later fault; clean runs with tiny
 (heavy-tailed) batches and fp16 scalers that back off often.
 
-Extra knobs ride on ``HeldoutSpec`` (a ``RunSpec`` subclass). ``train_heldout``
-runs training.train with the model width and schedule swapped in for the
-duration of the call (training.py reads both as module globals), then
-subsamples the rows and moves each label to the logged steps that can show it.
+Model width, schedules and warm-ups are ``RunSpec`` fields; the log interval
+rides on ``HeldoutSpec`` (a ``RunSpec`` subclass). ``train_heldout`` runs
+training.train, then subsamples the rows the way a log interval drops them,
+and each label moves to the logged steps that can show it.
 """
 
 from __future__ import annotations
 
 import json
-import math
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -30,53 +27,17 @@ import numpy as np
 
 from . import training
 from .generate import generate
-from .scenarios import Label, LabelledRun, _fault_step, _last_ckpt_before
+from .scenarios import Label, LabelledRun, _fault_step, _last_ckpt_before, first_effect
 from .training import Fault, Resume, RunSpec
+from .truth import logged_steps
 
-VERSION = "labelled-heldout-v2"  # v2: checkpoint events carry write_seconds
+VERSION = "labelled-heldout-v3"  # v3: resume events carry the checkpoint's step; rollback truth by truth.py
 HELDOUT_SEED = 2027  # any seed but the dev set's 0
 
 
 @dataclass(frozen=True)
 class HeldoutSpec(RunSpec):
-    embed: int = 16
-    hidden: int = 64
-    warmup: int = 0
-    sched: str = "const"  # const | linear | cosine_restarts | multistep (training.py's schedule stays "const")
     log_every: int = 1
-
-
-def schedule_factor(spec: HeldoutSpec, step: int) -> float:
-    """The LR multiplier of the held-out schedules, warm-up included."""
-    w, n = spec.warmup, spec.num_steps
-    if step < w:
-        return (step + 1) / w
-    t = step - w
-    span = max(n - w, 1)
-    if spec.sched == "linear":
-        return max(1.0 - 0.95 * t / span, 0.05)
-    if spec.sched == "cosine_restarts":
-        period = max(span // 3, 1)
-        return 0.05 + 0.475 * (1 + math.cos(math.pi * (t % period) / period))
-    if spec.sched == "multistep":
-        return 0.3 ** sum(step >= int(n * f) for f in (0.4, 0.75))
-    return 1.0
-
-
-@contextmanager
-def _patched(spec: HeldoutSpec) -> Iterator[None]:
-    """Swap training.py's model width and LR function in for one run (restored afterwards)."""
-    saved = training.EMBED, training.HIDDEN, training._lr
-    base_lr = saved[2]
-
-    def lr(s: RunSpec, st: training._State) -> float:
-        return base_lr(s, st) * schedule_factor(spec, st.step)
-
-    training.EMBED, training.HIDDEN, training._lr = spec.embed, spec.hidden, lr
-    try:
-        yield
-    finally:
-        training.EMBED, training.HIDDEN, training._lr = saved
 
 
 def subsample(rows: list[dict], events: list[dict], every: int) -> tuple[list[dict], list[dict]]:
@@ -91,27 +52,13 @@ def subsample(rows: list[dict], events: list[dict], every: int) -> tuple[list[di
 
 def train_heldout(spec: RunSpec) -> tuple[list[dict], list[dict]]:
     """training.train with the held-out knobs applied; a plain RunSpec trains as usual."""
-    if not isinstance(spec, HeldoutSpec):
-        return training.train(spec)
-    with _patched(spec):
-        rows, events = training.train(spec)
-    return subsample(rows, events, spec.log_every)
-
-
-def _segment_steps(spec: HeldoutSpec, segment: int) -> np.ndarray:
-    """Steps segment ``segment`` logs (the same rule ``subsample`` applies)."""
-    if segment == 0:
-        last = spec.resume.at_step if spec.resume else spec.num_steps - 1
-        steps = np.arange(0, last + 1)
-    else:
-        steps = np.arange(spec.resume.from_ckpt + 1, spec.num_steps)
-    final = steps[-1] if segment == (1 if spec.resume else 0) else -1
-    return steps[(steps % spec.log_every == 0) | (steps == final)]
+    rows, events = training.train(spec)
+    return subsample(rows, events, spec.log_every) if isinstance(spec, HeldoutSpec) else (rows, events)
 
 
 def visible_label(spec: HeldoutSpec, lab: Label) -> Label | None:
     """Move a label to the logged steps that show it; None when no logged row can show it."""
-    steps = _segment_steps(spec, lab.segment)
+    steps = logged_steps(spec, lab.segment)
     inside = steps[(steps >= lab.onset) & (steps <= lab.end)]
     if lab.kind == "stall":
         # The pause lies somewhere in the interval between two logged rows: it starts at the earlier one
@@ -121,12 +68,9 @@ def visible_label(spec: HeldoutSpec, lab: Label) -> Label | None:
             return None
         onset = int(before[-1]) if len(before) and spec.log_every > 1 else lab.onset
         return replace(lab, onset=onset, end=int(after[0]))
-    if lab.subtype.startswith("lr_burst") and len(inside):
-        # The burst LR shows in the lr column at once, in the loss only at the next logged row.
-        later = steps[steps > lab.end]
-        return replace(lab, onset=int(inside[0]), end=int(later[0]) if len(later) else int(inside[-1]))
-    if lab.kind in ("slowdown", "divergence", "nan", "scaler_collapse"):
-        # A gap, a slower pace, a lasting loss/scale change or a NaN shows at the next logged row.
+    if lab.kind in ("slowdown", "divergence", "nan", "scaler_collapse") or lab.subtype.startswith("lr_"):
+        # A gap, a slower pace, a lasting loss/scale change, a NaN or the aftermath of an LR burst (its
+        # update is done; the damage stays in the weights) shows at the next logged row.
         after = steps[steps >= lab.onset]
         if not len(after):
             return None
@@ -147,7 +91,7 @@ def _base(rng: np.random.Generator, run: str, scenario: str, seed: int, **kw: ob
                 "batch": int(rng.choice([8, 16, 32, 64, 96])), "base_lr": float(rng.choice([1e-3, 2e-3, 3e-3, 5e-3])),
                 "ckpt_every": int(rng.choice([25, 50, 100])), "step_seconds": float(rng.uniform(0.2, 8.0)),
                 "embed": int(rng.choice([8, 16, 32])), "hidden": int(rng.choice([32, 64, 128, 192])),
-                "sched": str(rng.choice(["const", "linear", "cosine_restarts", "multistep"])),
+                "schedule": str(rng.choice(["const", "linear", "cosine_restarts", "multistep"])),
                 "warmup": int(rng.choice([0, 10, 50, 150])), "log_every": int(rng.choice([1, 1, 5, 10, 25]))}
     base.update(kw)
     return base
@@ -163,24 +107,15 @@ def _aligned_step(rng: np.random.Generator, lo: int, hi: int, b: dict, length: i
             return s
 
 
-def _rollback_before(step: int, ckpt_every: int) -> int | None:
-    """The right checkpoint for a fault at ``step``; None when none precedes it.
-
-    training.py saves no checkpoint at step 0, so a fault before the first save
-    has nothing to roll back to (the dev set's faults all came after one).
-    """
-    ck = _last_ckpt_before(step, ckpt_every)
-    return ck if ck > 0 else None
-
-
 def _position(rng: np.random.Generator, n: int) -> tuple[int, int]:
     return (60, 160) if rng.random() < 0.35 else (int(n * 0.5), n - 60)
 
 
-def _done(b: dict, labels: list[Label], rollback: int | None = None) -> LabelledRun:
+def _done(b: dict, labels: list[Label]) -> LabelledRun:
+    """The run with its labels moved to the logged steps and its rollback truth from truth.py's rule."""
     spec = HeldoutSpec(**b)
     vis = [v for v in (visible_label(spec, lab) for lab in labels) if v is not None]
-    return LabelledRun(spec, vis, rollback)
+    return LabelledRun.judged(spec, vis)
 
 
 def _spike(i: int, rng: np.random.Generator) -> LabelledRun:
@@ -195,7 +130,7 @@ def _spike(i: int, rng: np.random.Generator) -> LabelledRun:
         n = int(rng.integers(1, 6))
         s = _aligned_step(rng, lo, hi, b, n)
         fault, sub = Fault("bad_batch", s, n), f"bad_batch_{'long' if n >= 3 else 'short'}"
-    return _done({**b, "faults": (fault,)}, [Label("spike", sub, s, s + n - 1)])
+    return _done({**b, "faults": (fault,)}, [Label("spike", sub, first_effect(fault), first_effect(fault) + n - 1)])
 
 
 def _divergence(i: int, rng: np.random.Generator) -> LabelledRun:
@@ -213,8 +148,8 @@ def _divergence(i: int, rng: np.random.Generator) -> LabelledRun:
                   Fault("weight_growth", s, 10_000, float(rng.uniform(1.008, 1.015))))
         b["num_steps"] = max(b["num_steps"], s + 330)
     b["faults"] = faults
-    label = Label("divergence", sub, s, b["num_steps"] - 1, needs_action=True)
-    return _done(b, [label], _rollback_before(s, b["ckpt_every"]))
+    label = Label("divergence", sub, first_effect(faults[0]), b["num_steps"] - 1, needs_action=True)
+    return _done(b, [label])
 
 
 def _collapse(i: int, rng: np.random.Generator) -> LabelledRun:
@@ -227,7 +162,7 @@ def _collapse(i: int, rng: np.random.Generator) -> LabelledRun:
     normal = tuple(sorted({int(x) for x in rng.integers(30, lo, size=3)}))
     b.update(normal_overflows=normal, faults=(Fault("overflow", s, n, every=every),))
     label = Label("scaler_collapse", "consecutive" if every == 1 else "every_other", s, s + n - 1, needs_action=True)
-    return _done(b, [label], _rollback_before(s, b["ckpt_every"]))
+    return _done(b, [label])
 
 
 def _nan(i: int, rng: np.random.Generator) -> LabelledRun:
@@ -237,7 +172,7 @@ def _nan(i: int, rng: np.random.Generator) -> LabelledRun:
     sub = "nan_weight" if i % 2 == 0 else "nan_grad"
     b.update(num_steps=s + int(rng.integers(3, 60)), faults=(Fault(sub, s, 1),))
     label = Label("nan", sub, s, b["num_steps"] - 1, needs_action=True)
-    return _done(b, [label], _rollback_before(s, b["ckpt_every"]))
+    return _done(b, [label])
 
 
 def _stall(i: int, rng: np.random.Generator) -> LabelledRun:
@@ -268,21 +203,19 @@ def _rollback(i: int, rng: np.random.Generator) -> LabelledRun:
     jump = i % 2 == 0
     kind, sub = ("divergence", "lr_jump") if jump else ("spike", "bad_batch")
     faults = [Fault("lr_jump", s, 10_000, float(rng.uniform(30, 60))) if jump else Fault("bad_batch", s, 3)]
-    labels = [Label(kind, sub, s, at, segment=0, needs_action=jump, open=False)]
-    rollback = None
+    labels = [Label(kind, sub, first_effect(faults[0]), at, segment=0, needs_action=jump, open=False)]
     if i % 4 in (1, 2):  # a later fault after the resume: the run needs a second look
         t = _fault_step(rng, at + 100, 800, b["ckpt_every"])
         if i % 4 == 1:
             faults.append(Fault("lr_jump", t, 10_000, float(rng.uniform(30, 60)), segment=1))
-            labels.append(Label("divergence", "lr_jump_after_resume", t, b["num_steps"] - 1, segment=1,
+            labels.append(Label("divergence", "lr_jump_after_resume", t + 1, b["num_steps"] - 1, segment=1,
                                 needs_action=True))
-            rollback = _rollback_before(t, b["ckpt_every"])
         else:
             t = _aligned_step(rng, at + 100, 800, b, 2)
             faults.append(Fault("lr_burst", t, 2, float(rng.uniform(40, 80)), segment=1))
-            labels.append(Label("spike", "lr_burst_after_resume", t, t + 1, segment=1))
+            labels.append(Label("spike", "lr_burst_after_resume", t + 1, t + 2, segment=1))
     b.update(faults=tuple(faults), resume=Resume(at, ck, s - ck + 40))
-    return _done(b, labels, rollback)
+    return _done(b, labels)
 
 
 def _clean(i: int, rng: np.random.Generator) -> LabelledRun:
@@ -297,11 +230,11 @@ def _clean(i: int, rng: np.random.Generator) -> LabelledRun:
         kw = {"fp16": True, "num_steps": n, "normal_overflows": tuple(int(x) for x in every if x < n),
                   "growth_interval": int(rng.choice([10, 20, 30])), "startup_overflows": int(rng.integers(0, 10))}
     elif sub == "cosine_restarts":
-        kw = {"sched": "cosine_restarts"}
+        kw = {"schedule": "cosine_restarts"}
     elif sub == "multistep_decay":
-        kw = {"sched": "multistep"}
+        kw = {"schedule": "multistep"}
     elif sub == "long_warmup_linear":
-        kw = {"sched": "linear", "warmup": int(rng.choice([150, 300]))}
+        kw = {"schedule": "linear", "warmup": int(rng.choice([150, 300]))}
     else:
         kw = {"num_steps": 1800, "batch": 16, "hidden": 32}
     b = _base(rng, f"h-clean-{i:02d}", f"clean:{sub}", 5800 + i, **kw)
@@ -313,17 +246,18 @@ def _clean(i: int, rng: np.random.Generator) -> LabelledRun:
 #   scale regrow, so after the startup overflows the scale never grows again and halves down to 0.125 by
 #   the last step (below 1 from step 425): a scaler collapse from the first logged row after the startup
 #   overflows (25). No checkpoint precedes it (the first is at 50).
-# - h-divergence-15 (lr_jump_severe, x32 at step 60): the loss jumped (3.54 -> 6.35 at 65) and was back
-#   under its pre-jump level at 75, then kept falling under the raised LR: a spike, not a divergence.
-CORRECTIONS: dict[str, tuple[list[Label], int | None]] = {
-    "h-clean-07": ([Label("scaler_collapse", "drift_below_1", 25, 499, needs_action=True)], None),
-    "h-divergence-15": ([Label("spike", "lr_jump_recovered", 60, 75)], None),
+# - h-divergence-15 (lr_jump_severe, x32 at step 60): the loss jumped (3.54 -> 6.35 at 65, the first logged
+#   row after update 60) and was back under its pre-jump level at 75, then kept falling under the raised
+#   LR: a spike, not a divergence.
+CORRECTIONS: dict[str, list[Label]] = {
+    "h-clean-07": [Label("scaler_collapse", "drift_below_1", 25, 499, needs_action=True)],
+    "h-divergence-15": [Label("spike", "lr_jump_recovered", 65, 75)],
 }
 
 
 def _corrected(lr: LabelledRun) -> LabelledRun:
     fix = CORRECTIONS.get(lr.spec.run)
-    return lr if fix is None else LabelledRun(lr.spec, *fix)
+    return lr if fix is None else LabelledRun.judged(lr.spec, fix)
 
 
 MAKERS = {"spike": _spike, "divergence": _divergence, "scaler_collapse": _collapse, "nan": _nan,
@@ -349,7 +283,7 @@ def generate_heldout(out_dir: Path, runs: list[LabelledRun] | None = None, *, ve
 
 
 def _knobs(spec: RunSpec) -> dict:
-    keys = ("embed", "hidden", "batch", "base_lr", "sched", "warmup", "log_every", "num_steps", "ckpt_every", "fp16")
+    keys = ("embed", "hidden", "batch", "base_lr", "schedule", "warmup", "log_every", "num_steps", "ckpt_every", "fp16")
     return {k: getattr(spec, k) for k in keys if hasattr(spec, k)}
 
 

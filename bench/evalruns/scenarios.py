@@ -2,16 +2,18 @@
 
 Every run is a ``RunSpec`` (real training, see training.py) plus labels:
 the injected events (kind, onset step, end step, segment) and, when the run
-needs action, the correct rollback checkpoint: the latest checkpoint strictly
-before the onset (a checkpoint at step c holds the weights after step c's
-update, so c < onset is untouched by the fault). Fault steps are drawn at
-least 3 steps away from any checkpoint so that an onset found one or two steps
-late cannot make a wrong checkpoint look right, or the other way round.
+needs action, the correct rollback checkpoint by truth.py's rule (the latest
+checkpoint strictly before the last logged step before the onset: c <= onset
+- 2 on a per-step log). Fault steps are drawn at least 3 steps away from any
+checkpoint so that an onset found one or two steps late cannot make a wrong
+checkpoint look right, or the other way round (the fresh set does not avoid
+them).
 
-Label onset = the first step whose recorded values carry the fault: the step
-whose update used the burst LR (its ``lr`` column shows it), the step that
-trained on the corrupt batch, the first overflow of a burst, the first slow
-or stalled step.
+Label onset = the first step whose recorded consequence values (loss, gradient
+norm, activation norm, non-finite values, found_inf / loss scale, wall time)
+carry the fault (``first_effect``): an LR change at step s acts through update
+s and first shows in the loss of step s+1; the step that trained on the
+corrupt batch; the first overflow of a burst; the first slow or stalled step.
 """
 
 from __future__ import annotations
@@ -21,9 +23,17 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from .training import Fault, Resume, RunSpec
+from .truth import right_checkpoint, spec_main_line
 
 # Kinds a label (and a finding) can have.
 KINDS = ("spike", "divergence", "scaler_collapse", "nan", "stall", "slowdown")
+# Faults that act through the update of their step (the LR, a weight edit after it): seen from step + 1.
+AFTER_UPDATE = ("lr_burst", "lr_jump", "lr_grow", "lr_ramp", "weight_growth")
+
+
+def first_effect(fault: Fault) -> int:
+    """The first step whose consequence values carry ``fault`` (the LR column is its cause, not its effect)."""
+    return fault.step + 1 if fault.kind in AFTER_UPDATE else fault.step
 
 
 @dataclass(frozen=True)
@@ -35,6 +45,8 @@ class Label:
     segment: int = 0
     needs_action: bool = False
     open: bool = True  # on the main line and not already rolled back
+    dont_care: bool = False  # an effect between negligible and clear: a finding here is neither a hit nor a false alarm
+    size: float | None = None  # the effect in the twin's noise sigmas (fresh set; 999 = non-finite)
 
 
 @dataclass
@@ -43,9 +55,14 @@ class LabelledRun:
     labels: list[Label] = field(default_factory=list)
     rollback_step: int | None = None  # the correct checkpoint when the run needs action now
 
+    @classmethod
+    def judged(cls, spec: RunSpec, labels: list[Label]) -> "LabelledRun":
+        """The run with its rollback truth from truth.py's rule, read off the spec."""
+        return cls(spec, labels, right_checkpoint(labels, spec_main_line(spec)))
+
     @property
     def needs_action(self) -> bool:
-        return any(lab.needs_action and lab.open for lab in self.labels)
+        return any(lab.needs_action and lab.open and not lab.dont_care for lab in self.labels)
 
     def to_dict(self) -> dict:
         return {"run": self.spec.run, "scenario": self.spec.scenario, "seed": self.spec.seed,
@@ -84,7 +101,7 @@ def _spike(i: int, rng: np.random.Generator) -> LabelledRun:
         n = int(rng.integers(1, 4))
         fault, sub = Fault("bad_batch", s, n), "bad_batch"
     spec = RunSpec(**b, faults=(fault,))
-    return LabelledRun(spec, [Label("spike", sub, s, s + n - 1)])
+    return LabelledRun.judged(spec, [Label("spike", sub, first_effect(fault), first_effect(fault) + n - 1)])
 
 
 def _divergence(i: int, rng: np.random.Generator) -> LabelledRun:
@@ -101,8 +118,8 @@ def _divergence(i: int, rng: np.random.Generator) -> LabelledRun:
         s = _fault_step(rng, 220, 360, b["ckpt_every"])
         faults = (Fault("lr_grow", s, 10_000, float(rng.uniform(1.05, 1.1))),)
     spec = RunSpec(**b, faults=faults)
-    label = Label("divergence", sub, s, spec.num_steps - 1, needs_action=True)
-    return LabelledRun(spec, [label], _last_ckpt_before(s, spec.ckpt_every))
+    label = Label("divergence", sub, first_effect(faults[0]), spec.num_steps - 1, needs_action=True)
+    return LabelledRun.judged(spec, [label])
 
 
 def _collapse(i: int, rng: np.random.Generator) -> LabelledRun:
@@ -114,7 +131,7 @@ def _collapse(i: int, rng: np.random.Generator) -> LabelledRun:
     # One ordinary overflow long before, so the detector sees what normal looks like.
     spec = RunSpec(**b, normal_overflows=(int(rng.integers(60, 150)),), faults=(Fault("overflow", s, n, every=every),))
     label = Label("scaler_collapse", "consecutive" if every == 1 else "every_other", s, s + n - 1, needs_action=True)
-    return LabelledRun(spec, [label], _last_ckpt_before(s, spec.ckpt_every))
+    return LabelledRun.judged(spec, [label])
 
 
 def _nan(i: int, rng: np.random.Generator) -> LabelledRun:
@@ -123,15 +140,14 @@ def _nan(i: int, rng: np.random.Generator) -> LabelledRun:
     sub = "nan_weight" if i % 2 == 0 else "nan_grad"
     b["num_steps"] = s + int(rng.integers(5, 40))  # a NaN run limps on for a while, then dies
     spec = RunSpec(**b, faults=(Fault(sub, s, 1),))
-    label = Label("nan", sub, s, spec.num_steps - 1, needs_action=True)
-    return LabelledRun(spec, [label], _last_ckpt_before(s, spec.ckpt_every))
+    return LabelledRun.judged(spec, [Label("nan", sub, s, spec.num_steps - 1, needs_action=True)])
 
 
 def _stall(i: int, rng: np.random.Generator) -> LabelledRun:
     b = _base(rng, f"stall-{i:02d}", "stall", 500 + i, fp16=bool(i % 3 == 0))
     s = _fault_step(rng, 150, 450, b["ckpt_every"])
     spec = RunSpec(**b, faults=(Fault("stall", s, 1, float(rng.uniform(30, 300))),))
-    return LabelledRun(spec, [Label("stall", "gap", s, s)])
+    return LabelledRun.judged(spec, [Label("stall", "gap", s, s)])
 
 
 def _slowdown(i: int, rng: np.random.Generator) -> LabelledRun:
@@ -139,7 +155,7 @@ def _slowdown(i: int, rng: np.random.Generator) -> LabelledRun:
     s = _fault_step(rng, 150, 350, b["ckpt_every"])
     n = int(rng.integers(40, 120))
     spec = RunSpec(**b, faults=(Fault("slowdown", s, n, float(rng.uniform(1.6, 4.0))),))
-    return LabelledRun(spec, [Label("slowdown", "sustained", s, s + n - 1)])
+    return LabelledRun.judged(spec, [Label("slowdown", "sustained", s, s + n - 1)])
 
 
 def _rollback(i: int, rng: np.random.Generator) -> LabelledRun:
@@ -153,8 +169,8 @@ def _rollback(i: int, rng: np.random.Generator) -> LabelledRun:
     else:
         fault, kind, sub = Fault("bad_batch", s, 3), "spike", "bad_batch"
     spec = RunSpec(**b, faults=(fault,), resume=Resume(at, ck, s - ck + 40))
-    label = Label(kind, sub, s, at, segment=0, needs_action=kind == "divergence", open=False)
-    return LabelledRun(spec, [label])
+    label = Label(kind, sub, first_effect(fault), at, segment=0, needs_action=kind == "divergence", open=False)
+    return LabelledRun.judged(spec, [label])
 
 
 def _clean(i: int, rng: np.random.Generator) -> LabelledRun:

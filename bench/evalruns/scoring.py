@@ -2,8 +2,12 @@
 
 Matching rule (the same for runwatch's findings and for the baselines):
 - a prediction can match a label of the same kind in the same segment of the
-  same run when its onset lies in ``[label.onset - WINDOW_BEFORE, label.end +
-  WINDOW_AFTER]``; each label takes the closest-onset prediction (one to one);
+  same run when its onset lies in ``[label.onset - w, label.end + w]``, with
+  ``w = match_window(log_every)`` = max(10, 2 x log_every) steps; each label
+  takes the closest-onset prediction (one to one);
+- a ``dont_care`` label (an effect between negligible and clear, or one no
+  logged row shows) is not counted, and predictions in its window are
+  neither hits nor false alarms (spike and divergence absorb each other there);
 - further predictions inside an already-matched label's window are
   *duplicates*: reported, but neither true nor false positives (a divergence
   that a baseline flags ten separate times is one detected event, and ten
@@ -13,7 +17,11 @@ Matching rule (the same for runwatch's findings and for the baselines):
   positive for spike and leaves the divergence missed. The ``loss_excursion``
   row merges the two kinds, so the detectors are compared with the baselines
   (which cannot tell them apart) on equal terms;
-- onset error = |predicted onset - labelled onset| in steps, over matches.
+- onset error = |predicted onset - labelled onset| in steps, over matches;
+- alarm precision matches the warning/critical predictions alone; false
+  alarms per 1M healthy steps counts the unmatched ones whose onset lies
+  outside every label's and dont_care's window (any kind), over the logged
+  steps outside those windows.
 """
 
 from __future__ import annotations
@@ -25,6 +33,12 @@ import numpy as np
 WINDOW_BEFORE = 10
 WINDOW_AFTER = 10
 EXCURSION = ("spike", "divergence")
+ALARM = ("warning", "critical")
+
+
+def match_window(log_every: int = 1) -> int:
+    """Steps either side of a label a prediction's onset may lie: 10, or two log intervals on a coarse log."""
+    return max(WINDOW_BEFORE, 2 * log_every)
 
 
 @dataclass(frozen=True)
@@ -35,6 +49,7 @@ class Pred:
     segment: int
     open: bool = True
     needs_action: bool = False
+    severity: str = "warning"  # baselines page on every flag
 
 
 @dataclass
@@ -43,6 +58,7 @@ class KindScore:
     tp: int = 0
     fp: int = 0
     duplicates: int = 0
+    ignored: int = 0  # predictions inside a dont_care window only
     onset_errors: list[int] = field(default_factory=list)
     signed_errors: list[int] = field(default_factory=list)
     misses: list[str] = field(default_factory=list)
@@ -65,12 +81,20 @@ def _kind_of(kind: str, merge_excursions: bool) -> str:
     return "loss_excursion" if merge_excursions and kind in EXCURSION else kind
 
 
+def _absorbs(lab: dict, kind: str, merge_excursions: bool) -> bool:
+    """Whether a prediction of ``kind`` inside ``lab``'s window belongs to it (dont_care: spike ~ divergence)."""
+    if lab.get("dont_care") and lab["kind"] in EXCURSION and kind in (*EXCURSION, "loss_excursion"):
+        return True
+    return _kind_of(lab["kind"], merge_excursions) == kind
+
+
 def match_run(run: str, labels: list[dict], preds: list[Pred], scores: dict[str, KindScore],
-              *, merge_excursions: bool = False, kinds: tuple[str, ...] | None = None) -> dict[int, Pred]:
+              *, merge_excursions: bool = False, kinds: tuple[str, ...] | None = None,
+              window: int = WINDOW_BEFORE) -> dict[int, Pred]:
     """Match one run's predictions to its labels, adding to ``scores``; returns label index -> match."""
     matched: dict[int, Pred] = {}
     used: set[int] = set()
-    order = sorted(range(len(labels)), key=lambda i: labels[i]["onset"])
+    order = sorted((i for i in range(len(labels)) if not labels[i].get("dont_care")), key=lambda i: labels[i]["onset"])
     for i in order:
         lab = labels[i]
         k = _kind_of(lab["kind"], merge_excursions)
@@ -78,7 +102,7 @@ def match_run(run: str, labels: list[dict], preds: list[Pred], scores: dict[str,
             continue
         sc = scores.setdefault(k, KindScore())
         sc.num_labels += 1
-        lo, hi = lab["onset"] - WINDOW_BEFORE, lab["end"] + WINDOW_AFTER
+        lo, hi = lab["onset"] - window, lab["end"] + window
         cands = [j for j, p in enumerate(preds) if j not in used and _kind_of(p.kind, merge_excursions) == k
                  and p.segment == lab["segment"] and lo <= p.onset <= hi]
         if not cands:
@@ -95,9 +119,11 @@ def match_run(run: str, labels: list[dict], preds: list[Pred], scores: dict[str,
         if j in used or (kinds is not None and k not in kinds):
             continue
         sc = scores.setdefault(k, KindScore())
-        inside = any(_kind_of(lab["kind"], merge_excursions) == k and lab["segment"] == p.segment
-                     and lab["onset"] - WINDOW_BEFORE <= p.onset <= lab["end"] + WINDOW_AFTER for lab in labels)
-        if inside:
+        near = [lab for lab in labels if _absorbs(lab, k, merge_excursions) and lab["segment"] == p.segment
+                and lab["onset"] - window <= p.onset <= lab["end"] + window]
+        if any(lab.get("dont_care") for lab in near) and not any(not lab.get("dont_care") for lab in near):
+            sc.ignored += 1
+        elif near:
             sc.duplicates += 1
         else:
             sc.fp += 1
@@ -109,14 +135,49 @@ def fmt(x: float, digits: int = 2) -> str:
     return "n/a" if x != x else f"{x:.{digits}f}"
 
 
-def table(rows: list[tuple[str, str, KindScore, str]]) -> str:
-    """Markdown: one line per (method, kind) with P, R, onset error, rollback column."""
-    out = ["| method | kind | labelled | found | false alarms | duplicates | precision | recall | "
-           "median onset error (steps) | median signed error | rollback right |",
-           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
-    for method, kind, sc, rollback in rows:
-        signed = float(np.median(sc.signed_errors)) if sc.signed_errors else float("nan")
-        out.append(f"| {method} | {kind} | {sc.num_labels} | {sc.tp} | {sc.fp} | {sc.duplicates} | "
-                   f"{fmt(sc.precision)} | {fmt(sc.recall)} | {fmt(sc.median_onset_error, 1)} | "
-                   f"{fmt(signed, 1)} | {rollback} |")
+@dataclass
+class FalseAlarms:
+    """Warning/critical predictions outside every label's window, over the logged steps outside them."""
+
+    healthy_steps: int = 0
+    by_kind: dict[str, int] = field(default_factory=dict)
+
+    def add_run(self, steps: np.ndarray, segments: np.ndarray, labels: list[dict], preds: list[Pred],
+                window: int, merge_excursions: bool = False) -> None:
+        inside = np.zeros(len(steps), dtype=bool)
+        for lab in labels:
+            inside |= (segments == lab["segment"]) & (steps >= lab["onset"] - window) & (steps <= lab["end"] + window)
+        self.healthy_steps += int((~inside).sum())
+        for p in preds:
+            if p.severity in ALARM and not any(lab["segment"] == p.segment and
+                                               lab["onset"] - window <= p.onset <= lab["end"] + window
+                                               for lab in labels):
+                k = _kind_of(p.kind, merge_excursions)
+                self.by_kind[k] = self.by_kind.get(k, 0) + 1
+
+    def per_million(self, kind: str) -> float:
+        return 1e6 * self.by_kind.get(kind, 0) / self.healthy_steps if self.healthy_steps else float("nan")
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of the report: a method's scores on one kind."""
+
+    method: str
+    kind: str
+    all: KindScore  # every finding, info included
+    alarms: KindScore  # warning and critical findings only
+    false_alarms_per_million: float
+    rollback: str = ""
+
+
+def table(rows: list[Row]) -> str:
+    """Markdown, the same for every set: labelled, found, both precisions, recall, onset error, false alarms."""
+    out = ["| method | kind | labelled | found | alarm precision | precision (all findings) | recall | "
+           "median onset error (steps) | false alarms / 1M healthy steps | rollback right |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for r in rows:
+        out.append(f"| {r.method} | {r.kind} | {r.all.num_labels} | {r.all.tp} | {fmt(r.alarms.precision)} | "
+                   f"{fmt(r.all.precision)} | {fmt(r.all.recall)} | {fmt(r.all.median_onset_error, 1)} | "
+                   f"{fmt(r.false_alarms_per_million, 1)} | {r.rollback} |")
     return "\n".join(out)

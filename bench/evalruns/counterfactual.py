@@ -1,0 +1,355 @@
+"""Labels from a counterfactual twin: what each injected fault did to the logged data.
+
+Every faulty run of the fresh set is trained a second time without its
+faults (same seed, same data order, same clock draws): the clean twin. Both
+runs are bit-identical until the first fault acts, so on logged rows
+
+    e_t = x_faulty(t) - x_twin(t)
+
+isolates a fault's effect almost free of batch noise. Each effect is measured
+in the twin's own noise (``sigma``: 1.4826 x MAD of the twin's residuals about
+a rolling median over a window before the fault), on the channel the fault
+acts on: the loss (and the log gradient norm for single-observation peaks),
+the loss scale (halvings below the twin), the log step time. The rules that
+turn an effect into a label, a ``dont_care`` or nothing are the fields of
+``LabelRules``, each with its reason. Onsets are mechanistic (the first
+logged step whose consequence values carry the fault, ``scenarios.first_effect``),
+since before it the two runs are identical.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from .scenarios import Label
+
+LOSS_KINDS = ("spike", "divergence")
+LR_PERSISTING = ("lr_jump", "lr_grow", "lr_ramp")  # a divergence cause, unless the data came back and stayed
+
+
+@dataclass(frozen=True, kw_only=True)
+class LabelRules:
+    """When an effect is a label, a ``dont_care`` or nothing, and where an excursion ends."""
+
+    clear_peak: float = 8.0
+    """One observation this many sigmas above the twin is a clear excursion: a Gaussian exceeds it about
+    once in 10^15 observations, and it is past the heavy tails of small-batch losses that OLMo 2's
+    7-sigma spike score already pages on."""
+    clear_lift: float = 2.5
+    """A sustained lift of this mean, over ``lift_run`` observations, is clear: the mean of 8 observations
+    has sigma/sqrt(8), so 2.5 sigma is 7 standard errors; a CUSUM with kappa = 0.5 reaches 16 on it."""
+    lift_run: int = 8
+    """Observations in a sustained-lift window (and in the spike-end rule): DETECTION.md's recovery m."""
+    negligible_peak: float = 3.0
+    """No observation reaches 3 sigma: inside the ordinary spread of the noise (0.13% one-sided)."""
+    negligible_lift: float = 1.0
+    """And no 8-observation mean reaches 1 sigma (under 3 standard errors): nothing a detector may flag."""
+    band: float = 2.0
+    """Back within 2 sigma of the twin is back in band (a spike ends when ``lift_run`` observations are)."""
+    cost_window: int = 32
+    """Observations after a spike's end over which its lasting cost (median e/sigma) is judged."""
+    lasting_cost: float = 2.0
+    """A median lift of 2 sigma over ``cost_window`` observations after the end is a lasting cost: the
+    run came back to a worse curve and needs action (DETECTION.md section 5)."""
+    noise_window: int = 200
+    """Twin observations before the fault whose residuals give sigma: long enough for a stable MAD."""
+    trend_window: int = 15
+    """Rolling-median width (observations) for the loss and gradient-norm trend; step time has no trend
+    and takes its residuals about the window's median, so a noisy host's wander counts as noise."""
+    clear_halvings: float = 4.0
+    """Loss scale 4 halvings (16x) below the twin's: more than any ordinary backoff, which costs one and
+    regrows, and 4 skipped steps in a row are about 1e-6 likely at an ordinary overflow rate of 3%."""
+    negligible_halvings: float = 1.0
+    """One halving below the twin is what a single ordinary overflow does: no collapse."""
+
+    def __post_init__(self) -> None:
+        if not (0 < self.negligible_peak < self.clear_peak and 0 < self.negligible_lift < self.clear_lift):
+            raise ValueError("expected 0 < negligible < clear for peaks and lifts")
+        if min(self.lift_run, self.cost_window, self.noise_window, self.trend_window) < 1:
+            raise ValueError("windows must be at least one observation")
+        if not 0 <= self.negligible_halvings < self.clear_halvings:
+            raise ValueError("expected 0 <= negligible_halvings < clear_halvings")
+
+
+@dataclass(frozen=True)
+class Injection:
+    """One cause injected into a run: its label kind, the steps it acts on and when its effect first shows."""
+
+    kind: str  # spike | divergence | nan | scaler_collapse | stall | slowdown
+    subtype: str  # lr_burst | bad_batch | lr_jump | lr_grow | lr_ramp | nan_weight | nan_grad | consecutive | ...
+    segment: int
+    cause: int  # the first step it acts on
+    first_effect: int  # the first step whose consequence values carry it
+    last_direct: int  # the last step whose values it acts on directly (a burst's last hit loss)
+
+
+@dataclass(frozen=True)
+class Lineage:
+    """The logged observations of one segment and of the main line it continues, faulty and twin aligned."""
+
+    step: np.ndarray
+    segment: np.ndarray
+    faulty: dict[str, np.ndarray]  # loss, grad_norm, loss_scale, found_inf, step_time
+    twin: dict[str, np.ndarray]
+
+
+def rolling_median(x: np.ndarray, width: int) -> np.ndarray:
+    """Centred rolling median (shorter at the ends), NaN-aware."""
+    half = width // 2
+    return np.array([np.nanmedian(x[max(0, i - half):i + half + 1]) for i in range(len(x))])
+
+
+def noise_sigma(twin: np.ndarray, upto: int, rules: LabelRules, trend: bool) -> float:
+    """1.4826 x MAD of the twin's residuals over the ``noise_window`` observations before index ``upto``."""
+    lo = max(0, upto - rules.noise_window)
+    x = twin[lo:upto]
+    x = x[np.isfinite(x)]
+    if len(x) < 3:
+        return float("nan")
+    resid = x - (rolling_median(x, rules.trend_window) if trend else np.median(x))
+    sigma = 1.4826 * float(np.median(np.abs(resid - np.median(resid))))
+    return max(sigma, 1e-9)
+
+
+def window_means(z: np.ndarray, n: int) -> np.ndarray:
+    """Means of every ``n`` consecutive observations (empty when there are fewer); NaN counts as 0."""
+    if len(z) < n:
+        return np.empty(0)
+    c = np.concatenate([[0.0], np.cumsum(np.nan_to_num(z, nan=0.0, posinf=1e12, neginf=-1e12))])
+    return (c[n:] - c[:-n]) / n
+
+
+def classify(peak_z: np.ndarray, lift_z: np.ndarray, rules: LabelRules) -> str:
+    """'clear', 'negligible' or 'between' (dont_care) for one effect, from its peak and its sustained lift."""
+    peak = _peak(peak_z)
+    means = window_means(lift_z, rules.lift_run)
+    lift = float(means.max()) if len(means) else -np.inf
+    if peak >= rules.clear_peak or lift >= rules.clear_lift:
+        return "clear"
+    if peak < rules.negligible_peak and lift < rules.negligible_lift:
+        return "negligible"
+    return "between"
+
+
+def _z(lin: Lineage, name: str, i0: int, rules: LabelRules, *, log: bool, trend: bool) -> np.ndarray:
+    """(e - e's level before i0) / sigma on one channel; +inf where the faulty value is non-finite."""
+    f, t = lin.faulty[name].astype(float), lin.twin[name].astype(float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        f, t = (np.log(f), np.log(t)) if log else (f, t)
+        e = f - t
+    prior = e[max(0, i0 - rules.lift_run):i0]
+    base = float(np.median(prior[np.isfinite(prior)])) if np.isfinite(prior).any() else 0.0
+    z = (e - base) / noise_sigma(t, i0, rules, trend)
+    z[~np.isfinite(f) & np.isfinite(t)] = np.inf
+    return z
+
+
+def first_settled(x: np.ndarray, start: int, limit: float, run: int) -> int | None:
+    """The first index >= start from which ``run`` observations in a row are under ``limit`` (NaN counts as under)."""
+    under = np.nan_to_num(x, nan=-np.inf) < limit
+    for j in range(start, len(x) - run + 1):
+        if under[j:j + run].all():
+            return j
+    return None
+
+
+def _label(inj: Injection, lin: Lineage, verdict: str, i0: int, end: int, size: float, *,
+           kind: str | None = None, subtype: str | None = None, needs_action: bool = False,
+           onset: int | None = None) -> Label:
+    return Label(kind or inj.kind, subtype or inj.subtype, int(lin.step[i0]) if onset is None else onset,
+                 int(lin.step[end]), inj.segment, needs_action=needs_action and verdict == "clear",
+                 dont_care=verdict != "clear", size=round(min(size, 999.0), 1))
+
+
+def _unseen(inj: Injection, lin: Lineage, verdict: str) -> str | None:
+    """A negligible effect: no label where a logged row shows the cause's direct effect, else dont_care."""
+    if verdict != "negligible":
+        return verdict
+    seen = ((lin.step >= inj.first_effect) & (lin.step <= inj.last_direct) & (lin.segment == inj.segment)).any()
+    return None if seen else "dont_care"
+
+
+def _peak(z: np.ndarray) -> float:
+    z = z[~np.isnan(z)]
+    return float(z.max()) if len(z) else 0.0
+
+
+def excursion_z(lin: Lineage, i0: int, rules: LabelRules) -> tuple[np.ndarray, np.ndarray]:
+    """(loss z, the larger of loss and log-gradient-norm z). A skipped step's non-finite norm is the
+    scaler's business, not an excursion."""
+    zl = _z(lin, "loss", i0, rules, log=False, trend=True)
+    zg = _z(lin, "grad_norm", i0, rules, log=True, trend=True)
+    zg[lin.faulty["found_inf"] | lin.twin["found_inf"]] = np.nan
+    return zl, np.fmax(zl, zg)
+
+
+def loss_label(inj: Injection, lin: Lineage, i0: int, i1: int, rules: LabelRules) -> Label | None:
+    """Spike or divergence, by what the loss did against the twin (the cause only names the candidate).
+
+    Both kinds are loss excursions, so the loss decides whether there is one,
+    where it ends and whether it stayed back. Single-observation peaks count
+    near the cause only (the direct window and ``lift_run`` observations after
+    it; a persisting cause's first ``cost_window``): once the weights differ,
+    the twin-difference carries two models' batch noise, and only a sustained
+    lift means anything. The gradient norm widens the doubt: an effect the loss
+    does not show but the norm does (a ramp's norm growing before the loss
+    moves, a step that left the norm raised and the loss lower) is
+    ``dont_care``, neither a miss nor a false alarm.
+    """
+    zl, zc = excursion_z(lin, i0, rules)
+    persisting = inj.subtype in LR_PERSISTING
+    direct_hi = i0 + rules.cost_window if persisting else int(np.searchsorted(lin.step, inj.last_direct, "right"))
+    peak_hi = max(i0 + 1, min(i1, direct_hi + (0 if persisting else rules.lift_run)))
+    verdict = classify(zl[i0:peak_hi], zl[i0:i1], rules)
+    if verdict != "clear" and classify(zc[i0:peak_hi], zc[i0:i1], rules) != "negligible":
+        verdict = "between"
+    verdict = _unseen(inj, lin, verdict)
+    if verdict is None:
+        return None
+    last = len(lin.step) - 1
+    peak = max(_peak(zl[i0:peak_hi]), _peak(window_means(zl[i0:i1], rules.lift_run)))
+    # It ends when back in band after it left the band near the cause (a persisting cause that leaves it
+    # later is judged by whether it stayed back, below).
+    left = np.flatnonzero(np.nan_to_num(zl[i0:peak_hi], nan=0.0) >= rules.band)
+    j = first_settled(zl, i0 + (int(left[0]) if len(left) else 0), rules.band, rules.lift_run)
+    end = last if j is None else max(i0, j - 1)
+    if persisting:
+        means = window_means(zl[j:], rules.lift_run) if j is not None else np.empty(0)
+        if j is None or (len(means) and means.max() >= rules.band):
+            return _label(inj, lin, verdict, i0, last, peak, kind="divergence", needs_action=True)
+        cost = zl[end + 1:end + 1 + rules.cost_window]
+        return _label(inj, lin, verdict, i0, end, peak, kind="spike", subtype=f"{inj.subtype}_recovered",
+                      needs_action=len(cost) > 0 and float(np.median(cost)) >= rules.lasting_cost)
+    cost = zl[end + 1:min(end + 1 + rules.cost_window, max(i1, end + 1 + rules.lift_run))]
+    lasting = len(cost) > 0 and float(np.median(np.nan_to_num(cost, posinf=1e12))) >= rules.lasting_cost
+    return _label(inj, lin, verdict, i0, end, peak, kind="spike", needs_action=j is None or lasting)
+
+
+def _bad(lin: Lineage) -> np.ndarray:
+    """Non-finite loss, or a non-finite gradient norm the GradScaler did not skip."""
+    f = lin.faulty
+    return ~np.isfinite(f["loss"].astype(float)) | (~np.isfinite(f["grad_norm"].astype(float)) & ~f["found_inf"])
+
+
+def nan_label(inj: Injection, lin: Lineage, i0: int, rules: LabelRules) -> Label | None:
+    """The first logged non-finite value; it needs action unless finite again and back in band."""
+    bad = _bad(lin)
+    hits = np.flatnonzero(bad[i0:]) + i0
+    if not len(hits):
+        return _label(inj, lin, "dont_care", i0, i0, 0.0)  # the NaN never reached a logged row
+    k = int(hits[0])
+    zl = _z(lin, "loss", i0, rules, log=False, trend=True)
+    j = first_settled(np.where(bad, np.inf, zl), k, rules.band, rules.lift_run)
+    end = len(lin.step) - 1 if j is None else max(k, j - 1)
+    return _label(inj, lin, "clear", k, end, np.inf, needs_action=j is None)
+
+
+def collapse_label(inj: Injection, lin: Lineage, i0: int, i1: int, rules: LabelRules) -> Label | None:
+    """Halvings of the loss scale below the twin's; it needs action when not regrown by the end."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        h = np.log2(lin.twin["loss_scale"].astype(float)) - np.log2(lin.faulty["loss_scale"].astype(float))
+    prior = h[max(0, i0 - rules.lift_run):i0]
+    h = h - (float(np.median(prior[np.isfinite(prior)])) if np.isfinite(prior).any() else 0.0)
+    peak = _peak(h[i0:i1])
+    verdict = ("clear" if peak >= rules.clear_halvings else
+               "negligible" if peak <= rules.negligible_halvings else "between")
+    verdict = _unseen(inj, lin, verdict)
+    if verdict is None:
+        return None
+    j = first_settled(h, i0, rules.negligible_halvings + 0.5, rules.lift_run)
+    end = len(lin.step) - 1 if j is None else max(i0, j - 1)
+    return _label(inj, lin, verdict, i0, end, peak, needs_action=j is None)
+
+
+def time_label(inj: Injection, lin: Lineage, i0: int, length: int, log_every: int, rules: LabelRules) -> Label | None:
+    """A stall (one interval) or a slowdown (the intervals it covers), in the twin's step-time noise."""
+    z = _z(lin, "step_time", i0, rules, log=True, trend=False)
+    seg = lin.segment == inj.segment
+    last_hit = np.flatnonzero(seg & (lin.step >= inj.cause + length - 1))
+    i_end = int(last_hit[0]) if len(last_hit) else len(lin.step) - 1
+    verdict = _unseen(inj, lin, classify(z[i0:i_end + 1], z[i0:i_end + 1], rules))
+    if verdict is None:
+        return None
+    onset = None
+    if inj.kind == "stall" and log_every > 1 and i0 > 0 and lin.segment[i0 - 1] == inj.segment:
+        onset = int(lin.step[i0 - 1])  # the pause lies between two logged rows: it starts at the earlier one
+    return _label(inj, lin, verdict, i0, i_end, _peak(z[i0:i_end + 1]), onset=onset)
+
+
+CHANNEL = {"spike": "loss", "divergence": "loss", "nan": "loss", "scaler_collapse": "scale", "stall": "time",
+           "slowdown": "time"}
+
+
+def label_run(injections: list[Injection], lines: dict[int, Lineage], cuts: dict[int, int | None],
+              log_every: int, rules: LabelRules = LabelRules()) -> list[Label]:
+    """Every injection's label (or dont_care, or none), plus the NaN a fault ends in as a ``nan`` label.
+
+    ``cuts[segment]``: the step after which a later segment abandoned this one
+    (labels with a later onset are not open), None for the main line's end.
+    """
+    labels: list[Label] = []
+    for inj in injections:
+        lin = lines[inj.segment]
+        idx = np.flatnonzero((lin.segment == inj.segment) & (lin.step >= inj.first_effect))
+        if not len(idx):
+            continue  # past the segment's last logged row
+        i0 = int(idx[0])
+        later = [int(np.searchsorted(lin.step, o.first_effect)) for o in injections if o.segment == inj.segment
+                 and CHANNEL[o.kind] == CHANNEL[inj.kind] and o.first_effect > inj.first_effect]
+        i1 = min(later, default=len(lin.step))
+        if inj.kind in ("spike", "divergence"):
+            lab = loss_label(inj, lin, i0, max(i1, i0 + 1), rules)
+        elif inj.kind == "nan":
+            lab = nan_label(inj, lin, i0, rules)
+        elif inj.kind == "scaler_collapse":
+            lab = collapse_label(inj, lin, i0, max(i1, i0 + 1), rules)
+        else:
+            length = inj.last_direct - inj.cause + 1
+            lab = time_label(inj, lin, i0, length, log_every, rules)
+        if lab is not None:
+            labels.append(lab)
+    labels += nan_after(labels, injections, lines)
+    return [replace(lab, open=cuts.get(lab.segment) is None or lab.onset <= cuts[lab.segment]) for lab in labels]
+
+
+def nan_after(labels: list[Label], injections: list[Injection], lines: dict[int, Lineage]) -> list[Label]:
+    """Non-finite values no NaN injection explains (a divergence or a burst that overflowed): ``nan`` labels."""
+    out = []
+    for seg, lin in lines.items():
+        own = np.flatnonzero(_bad(lin) & (lin.segment == seg))
+        if not len(own) or any(lab.kind == "nan" and lab.segment == seg for lab in labels):
+            continue
+        k = int(own[0])
+        causes = [inj for inj in injections if inj.segment == seg and inj.first_effect <= lin.step[k]]
+        sub = f"after_{causes[-1].subtype if causes else 'nothing'}"
+        out.append(Label("nan", sub, int(lin.step[k]), int(lin.step[-1]), seg, needs_action=True, size=999.0))
+    return out
+
+
+def lineage(rows_f: list[dict], rows_t: list[dict], segments: np.ndarray, segment: int,
+            cut: int | None) -> Lineage:
+    """Segment ``segment``'s logged rows after the main-line rows it continues (steps <= the resume step).
+
+    ``segments`` is each row's segment; ``cut`` the step segment ``segment``
+    resumed from (None for segment 0).
+    """
+    steps = np.array([r["step"] for r in rows_f])
+    keep = (segments == segment) | ((segments < segment) & (steps <= (cut if cut is not None else -1)))
+    idx = np.flatnonzero(keep)
+    return Lineage(steps[idx], segments[idx], _columns(rows_f, idx, steps, segments),
+                   _columns(rows_t, idx, steps, segments))
+
+
+def _columns(rows: list[dict], idx: np.ndarray, steps: np.ndarray, segments: np.ndarray) -> dict[str, np.ndarray]:
+    def col(name: str, default: float) -> np.ndarray:
+        return np.array([rows[i].get(name, default) for i in idx], dtype=float)
+
+    time = col("time", np.nan)
+    step_time = np.full(len(idx), np.nan)
+    same = segments[idx][1:] == segments[idx][:-1]
+    step_time[1:] = np.where(same, np.diff(time) / np.maximum(np.diff(steps[idx]), 1), np.nan)
+    return {"loss": col("loss", np.nan), "grad_norm": col("grad_norm", np.nan),
+            "loss_scale": col("loss_scale", np.nan), "found_inf": col("found_inf", 0.0) > 0,
+            "step_time": step_time}

@@ -1,0 +1,183 @@
+"""The fresh evaluation set (bench/evalruns/fresh.py): its draws, its counterfactual labels and the rollback rule.
+
+Small real CPU training runs with one cause each are labelled against their
+clean twin; the label rules are checked on them (onsets, the checkpoint rule
+0-2 steps after a checkpoint, dont_care for a burst no logged row shows) and
+on synthetic twin differences (spike vs divergence, lasting cost). No
+detector is run here: this is the ruler, not what it measures.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+from evalruns.counterfactual import Injection, LabelRules, Lineage, loss_label  # noqa: E402
+from evalruns.draws import FreshRun, make_injection  # noqa: E402
+from evalruns.fresh import fresh_runs, label, train_pair  # noqa: E402
+from evalruns.heldout import HeldoutSpec  # noqa: E402
+from evalruns.training import Fault, train  # noqa: E402
+
+BASE = {"scenario": "test", "seed": 11, "num_steps": 320, "batch": 16, "embed": 8, "hidden": 32, "base_lr": 3e-3,
+        "ckpt_every": 40}
+FOREVER = 10**6
+
+
+def fresh_run(name: str, kind: str, sub: str, faults: tuple[Fault, ...], step: int, **kw: object) -> FreshRun:
+    spec = HeldoutSpec(run=name, **{**BASE, **kw}, faults=faults)
+    return FreshRun(spec, (make_injection(kind, sub, faults, step, 0, spec.num_steps - 1),))
+
+
+@pytest.fixture(scope="module")
+def labelled(tmp_path_factory: pytest.TempPathFactory):
+    torch.set_num_threads(1)
+    cache = tmp_path_factory.mktemp("fresh-cache")
+
+    def run(fr: FreshRun):
+        lr, _, _ = label(fr, *train_pair(fr, cache))
+        return lr
+
+    return run
+
+
+def test_one_seed_gives_the_same_runs_and_a_subset_is_a_prefix() -> None:
+    a, b = fresh_runs(5, 6), fresh_runs(5, 6)
+    assert [r.spec for r in a] == [r.spec for r in b] and [r.injections for r in a] == [r.injections for r in b]
+    assert [r.spec for r in fresh_runs(5, 3)] == [r.spec for r in a[:3]]
+    assert [r.spec for r in fresh_runs(6, 6)] != [r.spec for r in a]
+
+
+def test_the_twin_is_bit_identical_until_the_first_step_the_fault_shows_in() -> None:
+    torch.set_num_threads(1)
+    spec = HeldoutSpec(run="t", **{**BASE, "num_steps": 160})
+    clean, _ = train(spec)
+    for fault, first in ((Fault("lr_burst", 150, 1, 20.0), 151), (Fault("bad_batch", 150, 1), 150)):
+        faulty, _ = train(HeldoutSpec(run="t", **{**BASE, "num_steps": 160}, faults=(fault,)))
+        same = [a["loss"] == b["loss"] and a["grad_norm"] == b["grad_norm"] for a, b in zip(faulty, clean)]
+        assert all(same[:first]) and not same[first], fault.kind
+
+
+@pytest.mark.parametrize("name,kind,sub,faults,step,kw,expect", [
+    ("burst", "spike", "lr_burst", (Fault("lr_burst", 150, 2, 80.0),), 150, {}, ("spike", 151)),
+    ("badbatch", "spike", "bad_batch", (Fault("bad_batch", 150, 2),), 150, {}, ("spike", 150)),
+    ("nangrad", "nan", "nan_grad", (Fault("nan_grad", 150),), 150, {}, ("nan", 150)),
+    ("overflow", "scaler_collapse", "consecutive", (Fault("overflow", 150, 8),), 150,
+     {"fp16": True, "growth_interval": 2000}, ("scaler_collapse", 150)),
+    ("stall", "stall", "gap", (Fault("stall", 150, 1, 50.0),), 150, {}, ("stall", 150)),
+    ("stall-coarse", "stall", "gap", (Fault("stall", 152, 1, 50.0),), 152, {"log_every": 5}, ("stall", 150)),
+    ("slowdown", "slowdown", "sustained", (Fault("slowdown", 150, 40, 3.0),), 150, {}, ("slowdown", 150)),
+])
+def test_onset_is_the_first_logged_step_the_fault_shows_in(labelled, name, kind, sub, faults, step, kw, expect) -> None:
+    lr = labelled(fresh_run(name, kind, sub, faults, step, **kw))
+    real = [lab for lab in lr.labels if not lab.dont_care]
+    assert (real[0].kind, real[0].onset) == expect, lr.labels
+    if name == "stall-coarse":
+        assert real[0].end == 155  # the logged row whose interval holds the pause
+    if kind in ("stall", "slowdown"):
+        assert not lr.needs_action and lr.rollback_step is None
+
+
+@pytest.mark.parametrize("sub,cause,expect", [
+    ("lr_jump", 160, 120),  # 0 steps after checkpoint 160: update 160 used the LR, checkpoint 160 holds it
+    ("lr_jump", 161, 160),  # first bad loss at 162; the row at 161 vouches for checkpoint 160
+    ("nan_weight", 161, 120),  # 1 step after: the NaN shows at 161 itself, no healthy row after 160
+    ("nan_weight", 162, 160),  # 2 steps after: row 161 was healthy
+])
+def test_right_checkpoint_for_a_fault_right_after_a_checkpoint(labelled, sub, cause, expect) -> None:
+    kind = "divergence" if sub == "lr_jump" else "nan"
+    f = Fault(sub, cause, FOREVER, 40.0) if sub == "lr_jump" else Fault(sub, cause)
+    lr = labelled(fresh_run(f"ck-{sub}-{cause}", kind, sub, (f,), cause))
+    assert lr.needs_action, lr.labels
+    assert lr.rollback_step == expect
+
+
+def test_a_burst_no_logged_row_shows_is_dont_care(labelled) -> None:
+    kw = {"num_steps": 400, "log_every": 25}
+    lr = labelled(fresh_run("traceless", "spike", "lr_burst", (Fault("lr_burst", 303, 1, 2.0),), 303, **kw))
+    (lab,) = lr.labels
+    assert lab.dont_care and lab.kind == "spike" and lab.onset == 325
+    assert not lr.needs_action
+
+
+def test_a_large_lr_jump_is_a_divergence_that_needs_action(labelled) -> None:
+    lr = labelled(fresh_run("jump", "divergence", "lr_jump", (Fault("lr_jump", 150, FOREVER, 60.0),), 150))
+    div = [lab for lab in lr.labels if lab.kind == "divergence"]
+    assert div and div[0].onset == 151 and div[0].end == 319 and div[0].needs_action and not div[0].dont_care
+
+
+def _lineage(effect: np.ndarray, seed: int = 0) -> Lineage:
+    """Twin: a flat loss with 0.05 noise; faulty: the twin plus ``effect`` (its first 100 observations zero)."""
+    n = len(effect)
+    twin = 3.0 + 0.05 * np.random.default_rng(seed).standard_normal(n)
+    cols = {"grad_norm": np.ones(n), "loss_scale": np.full(n, np.nan), "found_inf": np.zeros(n, bool),
+            "step_time": np.ones(n)}
+    return Lineage(np.arange(n), np.zeros(n, int), {**cols, "loss": twin + effect}, {**cols, "loss": twin})
+
+
+def _inj(sub: str, kind: str = "divergence") -> Injection:
+    return Injection(kind, sub, 0, 99, 100, 100 if kind == "spike" else 399)
+
+
+@pytest.mark.parametrize("shape,sub,kind,expect", [
+    # a persisting LR cause whose loss came back within the twin's band and stayed: a spike
+    ("back", "lr_jump", "divergence", ("spike", "lr_jump_recovered", False)),
+    ("stays", "lr_jump", "divergence", ("divergence", "lr_jump", True)),
+    # a transient cause is a spike even when it never came back; then it needs action
+    ("stays", "lr_burst", "spike", ("spike", "lr_burst", True)),
+    ("back", "lr_burst", "spike", ("spike", "lr_burst", False)),
+    # back in band for 8 observations, then 4 sigma above for good: a lasting cost
+    ("cost", "lr_burst", "spike", ("spike", "lr_burst", True)),
+])
+def test_spike_or_divergence_is_what_the_twin_difference_shows(shape, sub, kind, expect) -> None:
+    effect = np.zeros(400)
+    effect[100:110] = 1.0  # 20 sigma
+    if shape == "stays":
+        effect[110:] = 0.5
+    elif shape == "cost":
+        effect[118:] = 0.2
+    lab = loss_label(_inj(sub, kind), _lineage(effect), 100, 400, LabelRules())
+    assert (lab.kind, lab.subtype, lab.needs_action) == expect
+    assert lab.onset == 100 and not lab.dont_care
+    if expect[0] == "spike" and not expect[2]:
+        assert 109 <= lab.end <= 112
+
+
+@pytest.mark.parametrize("size,expect", [(0.06, None), (0.25, "dont_care"), (0.6, "label")])
+def test_effect_size_decides_label_dont_care_or_nothing(size, expect) -> None:
+    effect = np.zeros(400)
+    effect[100] = size  # one observation: 1.2, 5 and 12 sigma
+    lab = loss_label(_inj("lr_burst", "spike"), _lineage(effect), 100, 400, LabelRules())
+    got = None if lab is None else "dont_care" if lab.dont_care else "label"
+    assert got == expect
+
+
+def test_label_rules_reject_inverted_thresholds() -> None:
+    with pytest.raises(ValueError, match="negligible < clear"):
+        LabelRules(clear_peak=2.0)
+
+
+def test_a_seed_generates_the_same_store_and_labels_byte_for_byte(tmp_path: Path) -> None:
+    """Seed 446's first two runs are short (a clean fp16 run and an fp16 slowdown + overflow burst)."""
+    import json
+
+    from evalruns.fresh import generate_fresh
+
+    from runwatch.data.store import Store
+
+    texts = []
+    for k in range(2):  # separate training caches: the second trains again, it does not read the first
+        info = generate_fresh(tmp_path / f"out{k}", 446, 2, cache_dir=tmp_path / f"cache{k}", verbose=False)
+        texts.append((tmp_path / f"out{k}" / "labels.json").read_bytes())
+    assert texts[0] == texts[1]
+    assert json.loads(texts[0]) == info and [r["run"] for r in info["runs"]] == ["f446-000", "f446-001"]
+    with Store(tmp_path / "out0" / "store") as store:
+        for run in info["runs"]:
+            meta = store.meta(run["run"])
+            assert meta["scaler"]["growth_interval"] > 0 and meta["scaler"]["backoff_factor"] == 0.5
+            assert store.rows(run["run"], rank=0).num_rows > 0
