@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from runwatch.detectors.config import AdviceConfig
-from runwatch.detectors.divergence import act_growth_start
+from runwatch.detectors.divergence import act_growth_start, in_warmup
 from runwatch.detectors.finding import Finding, Rollback, SegmentInfo
 from runwatch.detectors.registry import NO_ROLLBACK_KINDS
 
@@ -97,23 +97,12 @@ def _health(ckpt_step: int, main: dict[str, np.ndarray], findings: list[Finding]
     return True, HEALTHY, None
 
 
-def warmup_end(steps: np.ndarray, lr: np.ndarray) -> int | None:
-    """Last step of the LR warm-up that opens the run (the LR rising from the first row), or None."""
-    ok = np.isfinite(lr) & (lr > 0)
-    s, v = steps[ok], lr[ok]
-    if len(v) < 3 or not v[1] > v[0]:
-        return None
-    stop = np.flatnonzero(np.diff(v) <= 0)
-    return int(s[stop[0]]) if len(stop) else int(s[-1])
-
-
 def _after_warmup(growth: int | None, main: dict[str, np.ndarray]) -> int | None:
     """An activation-norm climb that began inside the LR warm-up is the model answering the rising LR,
     not a precursor: walking back before it would skip every checkpoint of early training."""
     if growth is None or "lr" not in main:
         return growth
-    end = warmup_end(main["step"], main["lr"])
-    return None if end is not None and growth < end else growth
+    return None if in_warmup(main["step"], main["lr"], growth) else growth
 
 
 def _position(main: dict[str, np.ndarray], name: str, step: int) -> int | None:

@@ -109,9 +109,14 @@ def merge_overlaps(findings: list[Finding], cfg: DetectorConfig = DEFAULT) -> li
     Unrecovered loss findings that overlap a divergence merge into it (earliest
     onset); a 'divergence' that came back down inside a spike was that spike.
     A NaN after a divergence stays its own finding: it changes the advice
-    (BF16, data) and marks the point of no return.
+    (BF16, data) and marks the point of no return; a scaler collapse that
+    starts inside a NaN episode is that NaN (the scaler skips non-finite steps).
     """
     out = [_as_divergence(f, cfg) if _diverged(f, cfg) else f for f in findings]
+    # Once weights or values are non-finite an fp16 scaler skips every step: that collapse is the NaN's echo.
+    nans = [f for f in out if f.kind == "nan"]
+    out = [f for f in out if not (f.kind == "scaler_collapse" and any(
+        n.segment == f.segment and n.onset_step <= f.onset_step <= n.end_step for n in nans))]
     for d in sorted([f for f in out if f.kind == "divergence"], key=lambda f: f.onset_step):
         if d not in out:
             continue

@@ -32,6 +32,11 @@ class BaselineConfig:
     short enough to follow a falling loss."""
     min_blocks: int = 2
     """Blocks needed before any residual exists: the first 32 observations of a segment are warm-up."""
+    level_block: int = 4
+    """Observations per block of the level (the median of ``level_window`` such block medians, 16 observations):
+    a falling loss is followed with a lag of ~8 observations, not a window of big blocks (~40)."""
+    level_window: int = 4
+    """Small blocks in the level's window: a dip of one block (4 observations) does not move its median."""
     wander_blocks: int = 64
     """Blocks over which a signal's wander (how far its level strays block to block, beyond what a block
     median's own noise explains) is measured: 1024 observations, many times the tens of observations a data-

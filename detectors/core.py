@@ -138,11 +138,11 @@ class BlockBaseline:
     """
 
     def __init__(self, *, block: int, window: int, min_blocks: int, rel_floor: float, abs_floor: float,
-                 follow_last: bool = True, wander: bool = False, detrend: bool = False, trend: bool = False,
+                 follow_last: bool = True, wander: bool = False, detrend: bool = False,
                  wander_window: int | None = None) -> None:
         self.block, self.window, self.min_blocks = block, window, min_blocks
         self.rel_floor, self.abs_floor = rel_floor, abs_floor
-        self.follow_last, self.wander, self.detrend, self.trend = follow_last, wander, detrend, trend
+        self.follow_last, self.wander, self.detrend = follow_last, wander, detrend
         self.wander_window = max(wander_window or window, window)
         self.med, self.mad, self.tmid = Grow(), Grow(), Grow()
         self.excluded = Grow(np.bool_)
@@ -182,19 +182,13 @@ class BlockBaseline:
         if self.window > 32:  # a long window moves slowly: evaluate it every window/16 blocks and hold it
             stride = self.window // 16
             k = np.where(k < 2 * stride, k, k - k % stride)
-        # Blocks with the same number of valid blocks before them share one window: compute each once (not
-        # with a trend, whose extrapolation depends on the block itself).
-        if self.trend:
-            rows = np.arange(len(k))
-        else:
-            k, rows = np.unique(k, return_inverse=True)
+        # Blocks with the same number of valid blocks before them share one window: compute each once.
+        k, rows = np.unique(k, return_inverse=True)
         pick, med_w, mad_w = self._windows(k, valid, self.window)
         enough = np.isfinite(med_w).sum(axis=1) >= self.min_blocks
         centre = row_median(med_w, self.min_blocks)
         last = med_w[:, -1]
         level = np.where(np.isfinite(last), np.fmin(centre, last), centre) if self.follow_last else centre
-        if self.trend:
-            level = np.where(np.isfinite(level), self._trend_level(js, k, valid, pick, med_w, level), level)
         spread = MAD_TO_SIGMA * row_median(mad_w, 1)
         # The wander: how far the block medians stray from one another, beyond what the within-block noise
         # of a median of ``block`` observations explains (its standard error is ~1.25 sigma / sqrt(block)).
@@ -256,50 +250,32 @@ class BlockBaseline:
             return np.full(len(k), np.nan), np.full(len(k), np.nan)
         return (MAD_TO_SIGMA * spread)[rows], noise_long[rows]
 
-    def _trend_level(self, js: np.ndarray, k: np.ndarray, valid: np.ndarray, pick: np.ndarray, med_w: np.ndarray,
-                     fallback: np.ndarray) -> np.ndarray:
-        """The window's median carried along the run's trend to block j, kept inside the window's range.
-
-        The slope is Tukey's resistant line over the last ``TREND_BLOCKS`` valid
-        blocks (median of the later half minus median of the earlier half, over
-        the distance of their coordinates): long enough that a dip of a block or
-        two (data-order wander) does not tilt it. The window's median is carried
-        from the window's centre to one block spacing past its last block, and
-        clipped to the window's lowest and highest median: after a sudden drop (a
-        step LR decay) the level lands on the new floor instead of overshooting it.
-        """
-        out = fallback.copy()
-        t = self.tmid.view
-        if self.tmid.size < 2:
-            return out
-        slope, _ = self._slopes(k, valid)
-        ok = np.isfinite(slope) & (js >= 2) & np.isfinite(med_w).all(axis=1)
-        if not ok.any():
-            return out
-        rows = np.flatnonzero(ok)
-        centre_t = np.median(t[pick[rows]], axis=1)
-        prev = js[rows] - 1
-        target = t[prev] + (t[prev] - t[np.maximum(prev - 1, 0)])  # one block spacing past the last block
-        mw = med_w[rows]
-        out[rows] = np.clip(fallback[rows] + slope[rows] * (target - centre_t), mw.min(axis=1), mw.max(axis=1))
-        return out
-
     def _slopes(self, k: np.ndarray, valid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(slope, coordinate span) of the last ``TREND_BLOCKS`` valid blocks before each row; NaN when fewer."""
-        w, half = TREND_BLOCKS, TREND_BLOCKS // 2
+        """(slope per unit of the blocks' coordinates, coordinate span) of the last ``TREND_BLOCKS`` valid blocks
+        before each row (all of them, from 4 on, early in a segment); NaN with fewer than 4."""
+        slope, span = np.full(len(k), np.nan), np.zeros(len(k))
+        if self.tmid.size < self.med.size or not len(valid):
+            return slope, span
+        coords = self.tmid.view
+        w = TREND_BLOCKS
         idx = k[:, None] - w + np.arange(w)[None, :]
         full = (idx >= 0).all(axis=1)
-        slope, span = np.full(len(k), np.nan), np.zeros(len(k))
-        if not full.any() or self.tmid.size < self.med.size or not len(valid):
-            return slope, span
-        pick = valid[np.clip(idx[full], 0, len(valid) - 1)]
-        m, t = self.med.view[pick], self.tmid.view[pick]
-        dt = np.median(t[:, half:], axis=1) - np.median(t[:, :half], axis=1)
-        dm = np.median(m[:, half:], axis=1) - np.median(m[:, :half], axis=1)
-        good = (dt > 0) & np.isfinite(dm)
-        slope[full] = np.where(good, dm / np.where(dt > 0, dt, 1.0), np.nan)
-        span[full] = t[:, -1] - t[:, 0]
+        if full.any():
+            pick = valid[np.clip(idx[full], 0, len(valid) - 1)]
+            slope[full], span[full] = self._tukey(self.med.view[pick], coords[pick])
+        for r in np.flatnonzero(~full & (k >= 4)):  # the first blocks of a segment: what there is
+            pick = valid[:k[r]][None, :]
+            slope[r:r + 1], span[r:r + 1] = self._tukey(self.med.view[pick], coords[pick])
         return slope, span
+
+    @staticmethod
+    def _tukey(m: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Tukey's resistant slope of each row: (median of the later half - earlier half) over their coordinates."""
+        half = m.shape[1] // 2
+        dt = np.median(t[:, -half:], axis=1) - np.median(t[:, :half], axis=1)
+        dm = np.median(m[:, -half:], axis=1) - np.median(m[:, :half], axis=1)
+        good = (dt > 0) & np.isfinite(dm)
+        return np.where(good, dm / np.where(dt > 0, dt, 1.0), np.nan), t[:, -1] - t[:, 0]
 
     def at(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
         """Level and scale for observations lo..hi-1 (NaN where the segment is still warming up)."""

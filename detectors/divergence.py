@@ -142,6 +142,22 @@ def lr_rise_start(lr: np.ndarray, onset: int) -> int | None:
     return start + int(rising[0]) if len(rising) else None
 
 
+def warmup_end(steps: np.ndarray, lr: np.ndarray) -> int | None:
+    """Last step of the LR warm-up that opens the run (the LR rising from the first row), or None."""
+    ok = np.isfinite(lr) & (lr > 0)
+    s, v = steps[ok], lr[ok]
+    if len(v) < 3 or not v[1] > v[0]:
+        return None
+    stop = np.flatnonzero(np.diff(v) <= 0)
+    return int(s[stop[0]]) if len(stop) else int(s[-1])
+
+
+def in_warmup(steps: np.ndarray, lr: np.ndarray, step: int) -> bool:
+    """True when ``step`` lies inside the LR warm-up that opens the run."""
+    end = warmup_end(steps, lr)
+    return end is not None and step < end
+
+
 class DivergenceScanner:
     """Incremental over one segment's loss observations, one completed block at a time."""
 
@@ -256,8 +272,8 @@ class DivergenceScanner:
         if len(steps) == 0:
             return None
         climb = growth_start(steps, act, int(steps[-1]) + 1, self.cfg.act_growth)
-        if climb is None:
-            return None
+        if climb is None or in_warmup(steps, obs["lr"], climb):
+            return None  # a climb that began inside the LR warm-up is the model answering the rising LR
         i = int(np.searchsorted(steps, climb))
         before = slice(max(0, i - self.block), i + 1)
         end = slice(max(i + 1, len(steps) - self.block), len(steps))

@@ -51,12 +51,16 @@ class SpikeScanner:
     def __init__(self, ctx: ScanContext) -> None:
         self.ctx, self.cfg, base = ctx, ctx.config.spike, ctx.config.baseline
         kw = dict(block=base.block, window=base.window_blocks, min_blocks=base.min_blocks)
-        # The level follows the window's own trend (in log-step) within the window's range; the scale is the
-        # within-block noise with any trend inside a block differenced away (see ``BlockBaseline``).
-        self.loss_base = BlockBaseline(rel_floor=1e-3, abs_floor=1e-12, follow_last=False, detrend=True, trend=True,
+        # The scale (within-block noise, any trend inside a block differenced away, and the wander) from blocks
+        # of ``block``; the level from a finer grain: the median of the last few small blocks, so a falling
+        # loss is followed within a few observations and a dip of one block does not carry it away.
+        self.loss_base = BlockBaseline(rel_floor=1e-3, abs_floor=1e-12, follow_last=False, detrend=True,
                                        wander_window=base.wander_blocks, **kw)
-        self.grad_base = BlockBaseline(rel_floor=0.0, abs_floor=0.02, follow_last=False, detrend=True, trend=True,
+        self.grad_base = BlockBaseline(rel_floor=0.0, abs_floor=0.02, follow_last=False, detrend=True,
                                        wander_window=base.wander_blocks, **kw)
+        fine = dict(block=base.level_block, window=base.level_window, min_blocks=2, follow_last=False)
+        self.loss_level = BlockBaseline(rel_floor=0.0, abs_floor=0.0, **fine)
+        self.grad_level = BlockBaseline(rel_floor=0.0, abs_floor=0.0, **fine)
         self.cold_obs = base.min_blocks * base.block
         self.winsor, self.tail_blocks = base.winsor, base.tail_min_blocks
         self.pos = ctx.history
@@ -78,6 +82,8 @@ class SpikeScanner:
         self.coord.extend(np.log1p(np.maximum(obs["step"][self.coord.size:n], 0)).astype(np.float64))
         self.loss_base.update(loss, self.coord.view)
         self.grad_base.update(self.log_grad.view, self.coord.view)
+        self.loss_level.update(loss)
+        self.grad_level.update(self.log_grad.view)
         while self.pos < n:
             if self.episode is not None:
                 self._follow(loss, n)
@@ -86,8 +92,10 @@ class SpikeScanner:
 
     def _baselines(self, loss: np.ndarray, lo: int, hi: int) -> tuple[np.ndarray, ...]:
         """Loss and log-grad level and scale for lo..hi-1, and where a real (not cold) baseline exists."""
-        level, scale = self.loss_base.at(lo, hi)
-        glevel, gscale = self.grad_base.at(lo, hi)
+        level, scale = self.loss_level.at(lo, hi)[0], self.loss_base.at(lo, hi)[1]
+        glevel, gscale = self.grad_level.at(lo, hi)[0], self.grad_base.at(lo, hi)[1]
+        level = np.where(np.isfinite(scale), level, np.nan)  # warm once the noise is known
+        glevel = np.where(np.isfinite(gscale), glevel, np.nan)
         warm = np.isfinite(level)
         if not warm.all():
             level, scale, glevel, gscale = (a.copy() for a in (level, scale, glevel, gscale))
@@ -204,7 +212,7 @@ class SpikeScanner:
             self.pos = self._noted = trigger + 1
             self.streak = None
             return
-        at = onset if np.isfinite(self.loss_base.at(onset, onset + 1)[0][0]) else trigger
+        at = onset if np.isfinite(self.loss_base.at(onset, onset + 1)[1][0]) else trigger
         level, scale, glevel, gscale, _ = (float(v[0]) for v in self._baselines(loss, at, at + 1))
         slope, span, floor = self.loss_base.slope(at)
         thr_l, thr_g = self._thresholds()
@@ -268,7 +276,7 @@ class SpikeScanner:
         ep.close(recovered_at)
         self.closed.append(ep)
         last = recovered_at + self.cfg.recovery_obs - 1
-        if ep.rule == "shewhart" and recovered_at - ep.onset < self.cfg.persist_obs:
+        if not self._persistent(ep, loss, recovered_at):
             # A blip that came straight back is the run's own tail, not an incident: the baselines keep it
             # (their medians do not move) and so does the extreme-value tail, which is made of such blips.
             level, scale, glevel, gscale, warm = self._baselines(loss, ep.onset, last + 1)
@@ -281,10 +289,21 @@ class SpikeScanner:
             return
         self._restart_after(ep, last)
 
+    def _persistent(self, ep: Episode, loss: np.ndarray, end: int) -> bool:
+        """The excursion lasted (the ``classify`` test): consecutive far-out observations, or a CUSUM sum past
+        its interval over the episode. A blip is the run's own tail, not an incident worth excluding."""
+        zl, _ = self.residuals(ep, loss, ep.onset, end)
+        zl_c = np.nan_to_num(zl, nan=-np.inf)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            rise = (loss[ep.onset:end] - self.projection(ep, ep.onset, end)) / abs(ep.frozen["level"])
+        far = (zl_c > ep.frozen["thr_loss"]) & (rise >= self.cfg.min_rise)
+        winsor_sum = float(np.sum(np.minimum(np.where(np.isfinite(zl), zl, 0.0), self.winsor) - self.cfg.cusum_k))
+        return _longest_run(far) >= self.cfg.persist_obs or winsor_sum >= self.cfg.cusum_h
+
     def _restart_after(self, ep: Episode, last: int) -> None:
         """Keep the episode out of every later baseline and scan again after ``last``."""
-        self.loss_base.exclude(ep.onset, last)
-        self.grad_base.exclude(ep.onset, last)
+        for base in (self.loss_base, self.grad_base, self.loss_level, self.grad_level):
+            base.exclude(ep.onset, last)
         self._rearm(last)
 
     def _rearm(self, last: int) -> None:

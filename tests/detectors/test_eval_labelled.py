@@ -76,10 +76,11 @@ def test_fault_is_found_near_its_true_onset(labelled: tuple[Path, dict], name: s
 
 
 @pytest.mark.parametrize("name,i", _cases(CLEAN))
-def test_clean_run_has_no_finding(labelled: tuple[Path, dict], name: str, i: int) -> None:
+def test_clean_run_has_no_alarm(labelled: tuple[Path, dict], name: str, i: int) -> None:
     root, _ = labelled
     run = _make(name, i).spec.run
     report = _analyze(root, run)
-    assert [(f.kind, f.onset_step) for f in report.findings] == []
+    # Info annotations (a one-step blip that came straight back) are outside the alarm budget.
+    assert [(f.kind, f.onset_step) for f in report.findings if f.severity != "info"] == []
     assert report.rollback is None
     assert report.health == "healthy"
