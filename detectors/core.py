@@ -282,12 +282,21 @@ class BlockBaseline:
         if hi <= lo:
             return np.empty(0), np.empty(0)
         blocks = np.arange(lo, hi) // self.block
-        self._ensure(int(blocks[-1]))
-        return self._level.view[blocks], self._scale.view[blocks]
+        # Only blocks whose predecessors are all complete have a baseline (a later call must not find a value
+        # cached before its history was there: streaming would then differ from offline).
+        known = blocks <= self.med.size
+        self._ensure(int(blocks[known][-1]) if known.any() else -1)
+        b = np.minimum(blocks, self._level.size - 1)
+        level = np.where(known, self._level.view[b], np.nan) if self._level.size else np.full(len(blocks), np.nan)
+        scale = np.where(known, self._scale.view[b], np.nan) if self._level.size else np.full(len(blocks), np.nan)
+        return level, scale
 
     def total_scale(self, lo: int, hi: int) -> np.ndarray:
         """The scale with the between-block wander added in quadrature, for observations lo..hi-1 (after ``at``)."""
-        return self._total.view[np.arange(lo, hi) // self.block]
+        blocks = np.arange(lo, hi) // self.block
+        if not self._total.size:
+            return np.full(len(blocks), np.nan)
+        return np.where(blocks < self._total.size, self._total.view[np.minimum(blocks, self._total.size - 1)], np.nan)
 
     def slope(self, i: int, decreasing: bool = True) -> tuple[float, float, float]:
         """(slope per unit coordinate, coordinate span, floor) of the trend at observation i's block.

@@ -113,10 +113,35 @@ class SpikeScanner:
                         sc[i - lo] = max(rise, 1e-12) / cfg.z_trigger
         return level, scale, glevel, gscale, warm
 
-    def _scan(self, loss: np.ndarray, n: int) -> None:
-        lo, cfg = self.pos, self.cfg
+    def _frozen_baselines(self, loss: np.ndarray, lo: int, n: int) -> tuple[np.ndarray, ...]:
+        """Baselines for lo..n-1, frozen inside an excursion at its first observation: the excursion's own
+        first values must not widen the noise the rest of it is judged against (protect the detector)."""
         level, scale, glevel, gscale, warm = self._baselines(loss, lo, n)
         total_l, total_g = self.loss_base.total_scale(lo, n), self.grad_base.total_scale(lo, n)
+        cols = [level, scale, glevel, gscale, total_l, total_g]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            ext_l = np.where(warm, (loss[lo:n] - level) / total_l, (loss[lo:n] - level) / scale)
+            ext_g = np.where(warm, (self.log_grad.view[lo:n] - glevel) / total_g, (self.log_grad.view[lo:n] - glevel) / gscale)
+        elevated = (np.nan_to_num(ext_l, nan=-np.inf) > self.cfg.z_band) | (np.nan_to_num(ext_g, nan=-np.inf) > self.cfg.z_band)
+        if not elevated.any():
+            return (*cols, warm, elevated)
+        idx = np.arange(n - lo)
+        carried = self.streak is not None and self.streak < lo
+        prev = np.concatenate([[carried], elevated[:-1]])
+        starts = np.maximum.accumulate(np.where(elevated & ~prev, idx, -1))
+        if carried:
+            b = self._baselines(loss, self.streak, self.streak + 1)
+            at = [b[0], b[1], b[2], b[3], self.loss_base.total_scale(self.streak, self.streak + 1),
+                  self.grad_base.total_scale(self.streak, self.streak + 1)]
+        inside = elevated & ((starts >= 0) | carried)
+        for k, col in enumerate(cols):
+            frozen = np.where(starts >= 0, col[np.maximum(starts, 0)], at[k][0] if carried else np.nan)
+            cols[k] = np.where(inside, frozen, col)
+        return (*cols, warm, elevated)
+
+    def _scan(self, loss: np.ndarray, n: int) -> None:
+        lo, cfg = self.pos, self.cfg
+        level, scale, glevel, gscale, total_l, total_g, warm, elevated_all = self._frozen_baselines(loss, lo, n)
         lg = self.log_grad.view
         with np.errstate(invalid="ignore", divide="ignore"):
             zl = (loss[lo:n] - level) / scale
@@ -131,7 +156,7 @@ class SpikeScanner:
             loss_cand &= warm | cold_ok
             grad_cand &= warm
         with np.errstate(invalid="ignore", divide="ignore"):
-            z_total = (loss[lo:n] - level) / self.loss_base.total_scale(lo, n)
+            z_total = (loss[lo:n] - level) / total_l
         s, zero = self._cusum(z_total, warm, lo)
         hit = (s > cfg.cusum_h) | loss_cand | grad_cand
         trigger = None
@@ -150,12 +175,7 @@ class SpikeScanner:
         self._note_scanned(lo, stop, zl_c, zg_c, warm)
         # The excursion's extent (its onset) is judged against the run's variability with its wander: a trend
         # the lagging baseline has not caught up with (a warm-up) is not the start of a spike.
-        upto = stop - lo + (trigger is not None)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            ext_l = np.where(warm, (loss[lo:n] - level) / total_l, zl_c)[:upto]
-            ext_g = np.where(warm, (lg[lo:n] - glevel) / total_g, zg_c)[:upto]
-        elevated = (np.nan_to_num(ext_l, nan=-np.inf) > cfg.z_band) | (np.nan_to_num(ext_g, nan=-np.inf) > cfg.z_band)
-        self._track_streak(elevated, lo)
+        self._track_streak(elevated_all[:stop - lo + (trigger is not None)], lo)
         if trigger is None:
             self.s, self.zero, self.pos = float(s[-1]), int(zero[-1]), n
             return
@@ -208,6 +228,7 @@ class SpikeScanner:
             # recovery), so the episode goes on rather than a second one starting.
             self.closed.pop()
             last.recovered_at, last.carry, last.end = None, 0, trigger
+            last.data["loss_moved"] = last.data.get("loss_moved", False) or self._loss_far(loss, onset, trigger + 1)
             self.episode = last
             self.pos = self._noted = trigger + 1
             self.streak = None
@@ -250,6 +271,7 @@ class SpikeScanner:
     def _follow(self, loss: np.ndarray, n: int) -> None:
         ep, cfg, lo = self.episode, self.cfg, self.pos
         zl, zg = self.residuals(ep, loss, lo, n)
+        moved = None
         with np.errstate(invalid="ignore"):
             ok = zl <= cfg.z_band
             if ep.data["grad_led"]:
@@ -259,8 +281,10 @@ class SpikeScanner:
                 moved = np.maximum.accumulate((np.nan_to_num(zl, nan=-np.inf) > ep.frozen["thr_loss"])
                                               & (rise >= cfg.min_rise)) | ep.data.get("loss_moved", False)
                 ok &= moved | np.isnan(zg) | (zg <= cfg.z_band)
-                ep.data["loss_moved"] = bool(moved[-1]) if len(moved) else ep.data.get("loss_moved", False)
         start, ep.carry = first_run(ok, cfg.recovery_obs, ep.carry)
+        if moved is not None and len(moved):  # what was seen up to where this call stops looking
+            upto = min(start + cfg.recovery_obs - 1, len(moved) - 1) if start < len(ok) else len(moved) - 1
+            ep.data["loss_moved"] = bool(moved[max(upto, 0)])
         if start < len(ok):
             self._close(ep, lo + start, loss)
             return

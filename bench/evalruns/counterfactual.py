@@ -58,6 +58,11 @@ class LabelRules:
     trend_window: int = 15
     """Rolling-median width (observations) for the loss and gradient-norm trend; step time has no trend
     and takes its residuals about the window's median, so a noisy host's wander counts as noise."""
+    clear_time_lift: float = 5.0
+    """Step time is judged against the host's own variability, wander included (residuals about the window's
+    median). A sustained lift is clear only past the level a healthy host's wander itself reaches about once
+    per 10^6 observations (a Gaussian AR(1) wander passes 4.75 sigma at that rate): below it, no detector
+    within the false-alarm budget of one alarm per 10^6 healthy steps can tell a slowdown from the wander."""
     clear_halvings: float = 4.0
     """Loss scale 4 halvings (16x) below the twin's: more than any ordinary backoff, which costs one and
     regrows, and 4 skipped steps in a row are about 1e-6 likely at an ordinary overflow rate of 3%."""
@@ -121,12 +126,12 @@ def window_means(z: np.ndarray, n: int) -> np.ndarray:
     return (c[n:] - c[:-n]) / n
 
 
-def classify(peak_z: np.ndarray, lift_z: np.ndarray, rules: LabelRules) -> str:
+def classify(peak_z: np.ndarray, lift_z: np.ndarray, rules: LabelRules, clear_lift: float | None = None) -> str:
     """'clear', 'negligible' or 'between' (dont_care) for one effect, from its peak and its sustained lift."""
     peak = _peak(peak_z)
     means = window_means(lift_z, rules.lift_run)
     lift = float(means.max()) if len(means) else -np.inf
-    if peak >= rules.clear_peak or lift >= rules.clear_lift:
+    if peak >= rules.clear_peak or lift >= (rules.clear_lift if clear_lift is None else clear_lift):
         return "clear"
     if peak < rules.negligible_peak and lift < rules.negligible_lift:
         return "negligible"
@@ -269,7 +274,7 @@ def time_label(inj: Injection, lin: Lineage, i0: int, length: int, log_every: in
     seg = lin.segment == inj.segment
     last_hit = np.flatnonzero(seg & (lin.step >= inj.cause + length - 1))
     i_end = int(last_hit[0]) if len(last_hit) else len(lin.step) - 1
-    verdict = _unseen(inj, lin, classify(z[i0:i_end + 1], z[i0:i_end + 1], rules))
+    verdict = _unseen(inj, lin, classify(z[i0:i_end + 1], z[i0:i_end + 1], rules, rules.clear_time_lift))
     if verdict is None:
         return None
     onset = None

@@ -42,7 +42,7 @@ from .heldout import HeldoutSpec, subsample
 from .scenarios import LabelledRun
 from .truth import MainLine, backoff_bursts, right_checkpoint
 
-VERSION = "fresh-v1"
+VERSION = "fresh-v2"  # v2: a slowdown is clear past the wander level of the false-alarm budget
 NUM_RUNS = 150
 
 
