@@ -316,7 +316,85 @@ def label_run(injections: list[Injection], lines: dict[int, Lineage], cuts: dict
         if lab is not None:
             labels.append(lab)
     labels += nan_after(labels, injections, lines)
+    labels += natural_events(lines, rules)
     return [replace(lab, open=cuts.get(lab.segment) is None or lab.onset <= cuts[lab.segment]) for lab in labels]
+
+
+def natural_events(lines: dict[int, Lineage], rules: LabelRules) -> list[Label]:
+    """What the fault-free twin did on its own: ``dont_care`` spans, neither a fault to find nor a false alarm.
+
+    Training itself makes real excursions (a batch-1 run's loss doubling for hundreds of steps, a scaler that
+    grew too far halving four times, a noisy host's slow stretch). The twin has them too, so the twin-
+    difference shows nothing there; a finding on one is true about the run but not about an injected fault.
+    Judged on the twin alone with the same thresholds as the labels: the loss against its level before
+    (median of the previous ``noise_window``/4 observations) in its own noise, the scale in halvings below
+    its running maximum since the last growth, step time in its own variability.
+    """
+    out: list[Label] = []
+    for seg, lin in lines.items():
+        own = np.flatnonzero(lin.segment == seg)
+        if len(own) < 2 * rules.lift_run:
+            continue
+        steps = lin.step[own]
+        loss = lin.twin["loss"].astype(float)[own]
+        for a, b in _own_excursions(loss, rules, log=False):
+            out.append(Label("spike", "natural", int(steps[a]), int(steps[b]), seg, dont_care=True))
+        st = lin.twin["step_time"].astype(float)[own]
+        for a, b in _own_excursions(st, rules, log=True, time=True):
+            out.append(Label("slowdown", "natural", int(steps[a]), int(steps[b]), seg, dont_care=True))
+        scale = lin.twin["loss_scale"].astype(float)[own]
+        for a, b in _own_slides(scale, rules):
+            out.append(Label("scaler_collapse", "natural", int(steps[a]), int(steps[b]), seg, dont_care=True))
+    return out
+
+
+def _own_excursions(x: np.ndarray, rules: LabelRules, *, log: bool, time: bool = False) -> list[tuple[int, int]]:
+    """(first, last) index of each stretch where a series left its own band: a peak past ``clear_peak`` or an
+    ``lift_run`` mean past the clear lift, against the median of the observations before it."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        x = np.log(x) if log else x.copy()
+    ref_n = max(rules.noise_window // 4, 2 * rules.lift_run)
+    spans, i, n = [], ref_n, len(x)
+    lift = rules.clear_time_lift if time else rules.clear_lift
+    while i < n:
+        ref = x[i - ref_n:i]
+        ref = ref[np.isfinite(ref)]
+        if len(ref) < rules.lift_run:
+            i += 1
+            continue
+        level = float(np.median(ref))
+        resid = ref - (np.median(ref) if time else rolling_median(ref, rules.trend_window))
+        sigma = max(1.4826 * float(np.median(np.abs(resid - np.median(resid)))), 1e-9)
+        z = (x[i:] - level) / sigma
+        mean = window_means(z[:rules.lift_run], rules.lift_run)
+        if np.nan_to_num(z[0], nan=-np.inf) >= rules.clear_peak or (len(mean) and mean[0] >= lift):
+            j = first_settled(z, 0, rules.band, rules.lift_run)
+            end = n - 1 if j is None else i + max(j - 1, 0)
+            spans.append((i, end))
+            i = end + 1 + ref_n  # judge what follows against a clean reference again
+            continue
+        i += 1
+    return spans
+
+
+def _own_slides(scale: np.ndarray, rules: LabelRules) -> list[tuple[int, int]]:
+    """(first, last) index of each stretch where the scale fell ``clear_halvings`` below its peak since it last grew."""
+    spans, peak, start, n = [], np.nan, None, len(scale)
+    for i in range(n):
+        x = scale[i]
+        if not np.isfinite(x) or x <= 0:
+            continue
+        if np.isnan(peak) or x > peak or (i and np.isfinite(scale[i - 1]) and x > scale[i - 1]):
+            if start is not None:
+                spans.append((start, i))
+                start = None
+            peak = x
+            continue
+        if start is None and np.log2(peak / x) >= rules.clear_halvings:
+            start = max(i - 1, 0)
+    if start is not None:
+        spans.append((start, n - 1))
+    return spans
 
 
 def nan_after(labels: list[Label], injections: list[Injection], lines: dict[int, Lineage]) -> list[Label]:

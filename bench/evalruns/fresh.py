@@ -42,7 +42,7 @@ from .heldout import HeldoutSpec, subsample
 from .scenarios import LabelledRun
 from .truth import MainLine, backoff_bursts, right_checkpoint
 
-VERSION = "fresh-v2"  # v2: a slowdown is clear past the wander level of the false-alarm budget
+VERSION = "fresh-v3"  # v3: the twin's own excursions are dont_care (natural events)
 NUM_RUNS = 150
 
 
