@@ -20,7 +20,7 @@ import pyarrow as pa
 from runwatch.data.record import resume_steps_of
 from runwatch.detectors.advisor import advise, checkpoints_from_events
 from runwatch.detectors.config import DEFAULT, DetectorConfig
-from runwatch.detectors.finding import Finding, Rollback, SegmentInfo, clean_json
+from runwatch.detectors.finding import Finding, Rollback, SegmentInfo, clean_json, fmt_value
 from runwatch.detectors.segment_scan import SegmentDetectors
 from runwatch.detectors.segments import (
     main_line,
@@ -86,7 +86,7 @@ def _as_divergence(f: Finding, cfg: DetectorConfig) -> Finding:
     # A divergence begins where the trend broke: the gradient or activation norm growing into the jump.
     onset = min(f.onset_step, f.evidence.get("trend_break_step") or f.onset_step)
     message = (f"loss diverged from step {onset}: jumped {f.evidence['baseline_loss']:.4g} -> "
-               f"{f.evidence['peak_loss']:.4g} and stayed up ({', '.join(why)})")
+               f"{fmt_value(f.evidence['peak_loss'])} and stayed up ({', '.join(why)})")
     if onset < f.onset_step:
         message += f"; the gradient or activation norm began growing at {onset}, the loss jumped at {f.onset_step}"
     if f.evidence.get("lr_still_raised"):

@@ -133,14 +133,19 @@ class BlockBaseline:
     adds the between-block spread of the medians in quadrature (beyond what
     the noise of a median explains), so a run whose level wanders for tens of
     observations (data order, a shared host) has that wander in its normal
-    variability; with ``wander`` that is the scale. Both are floored so a constant series does not make every
-    rounding error an infinite z-score.
+    variability; with ``wander`` that is the scale. With ``follow_rising_noise`` the scale is at least the
+    last block's: noise that grows is followed at once, noise that falls at the window's pace (early in
+    training a loss's batch-to-batch spread grows several-fold within a few blocks as the model leaves its
+    near-uniform prediction; a scale two blocks behind would call that growth a string of 10-sigma spikes,
+    while one quiet block must not make ordinary values outliers). Both are floored so a constant series
+    does not make every rounding error an infinite z-score.
     """
 
     def __init__(self, *, block: int, window: int, min_blocks: int, rel_floor: float, abs_floor: float,
                  follow_last: bool = True, wander: bool = False, detrend: bool = False,
-                 wander_window: int | None = None) -> None:
+                 wander_window: int | None = None, follow_rising_noise: bool = False) -> None:
         self.block, self.window, self.min_blocks = block, window, min_blocks
+        self.follow_rising_noise = follow_rising_noise
         self.rel_floor, self.abs_floor = rel_floor, abs_floor
         self.follow_last, self.wander, self.detrend = follow_last, wander, detrend
         self.wander_window = max(wander_window or window, window)
@@ -190,6 +195,8 @@ class BlockBaseline:
         last = med_w[:, -1]
         level = np.where(np.isfinite(last), np.fmin(centre, last), centre) if self.follow_last else centre
         spread = MAD_TO_SIGMA * row_median(mad_w, 1)
+        if self.follow_rising_noise:
+            spread = np.fmax(spread, MAD_TO_SIGMA * mad_w[:, -1])
         # The wander: how far the block medians stray from one another, beyond what the within-block noise
         # of a median of ``block`` observations explains (its standard error is ~1.25 sigma / sqrt(block)).
         between, noise_long = self._between(k, valid, med_w)

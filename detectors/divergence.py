@@ -21,7 +21,7 @@ import numpy as np
 
 from runwatch.detectors.config import DivergenceConfig
 from runwatch.detectors.core import MAD_TO_SIGMA, BlockBaseline, row_median
-from runwatch.detectors.finding import Finding
+from runwatch.detectors.finding import Finding, fmt_value
 from runwatch.detectors.scanner import Observations, ScanContext, own_findings
 
 GROWTH_BLOCKS = 64
@@ -258,7 +258,7 @@ class DivergenceScanner:
                     "lr_rise_step": int(steps[lr_start]) if lr_start is not None else None}
         extra = [f"grad norm x{grad_ratio:.2g}" for _ in [0] if grad_ratio is not None]
         extra += [f"act norm x{act_ratio:.2g}" for _ in [0] if act_ratio is not None]
-        message = (f"loss diverging from step {int(steps[onset])}: {best:.4g} -> {evidence['peak_loss']:.4g}"
+        message = (f"loss diverging from step {int(steps[onset])}: {best:.4g} -> {fmt_value(evidence['peak_loss'])}"
                    + (f" ({', '.join(extra)})" if extra else "")
                    + ("; it came back down" if recovered else "; still climbing or high at the last step"))
         return Finding(kind="divergence", onset_step=int(steps[onset]), end_step=int(steps[end]),

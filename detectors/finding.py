@@ -95,3 +95,8 @@ class Rollback:
 
     def to_dict(self) -> dict:
         return clean_json(asdict(self))  # type: ignore[return-value]
+
+
+def fmt_value(x: float | None) -> str:
+    """A measured value in a finding's message (4 significant digits); a value never seen finite says so."""
+    return "not finite" if x is None or not math.isfinite(x) else f"{x:.4g}"

@@ -38,7 +38,7 @@ from runwatch.detectors.core import (
     safe_log,
 )
 from runwatch.detectors.divergence import growth_start
-from runwatch.detectors.finding import Finding
+from runwatch.detectors.finding import Finding, fmt_value
 from runwatch.detectors.scanner import Observations, ScanContext
 
 SCAN_CHUNK = 32768
@@ -54,10 +54,9 @@ class SpikeScanner:
         # The scale (within-block noise, any trend inside a block differenced away, and the wander) from blocks
         # of ``block``; the level from a finer grain: the median of the last few small blocks, so a falling
         # loss is followed within a few observations and a dip of one block does not carry it away.
-        self.loss_base = BlockBaseline(rel_floor=1e-3, abs_floor=1e-12, follow_last=False, detrend=True,
-                                       wander_window=base.wander_blocks, **kw)
-        self.grad_base = BlockBaseline(rel_floor=0.0, abs_floor=0.02, follow_last=False, detrend=True,
-                                       wander_window=base.wander_blocks, **kw)
+        noise = dict(follow_last=False, detrend=True, wander_window=base.wander_blocks, follow_rising_noise=True)
+        self.loss_base = BlockBaseline(rel_floor=1e-3, abs_floor=1e-12, **noise, **kw)
+        self.grad_base = BlockBaseline(rel_floor=0.0, abs_floor=0.02, **noise, **kw)
         fine = dict(block=base.level_block, window=base.level_window, min_blocks=2, follow_last=False)
         self.loss_level = BlockBaseline(rel_floor=0.0, abs_floor=0.0, **fine)
         self.grad_level = BlockBaseline(rel_floor=0.0, abs_floor=0.0, **fine)
@@ -228,6 +227,7 @@ class SpikeScanner:
             # recovery), so the episode goes on rather than a second one starting.
             self.closed.pop()
             last.recovered_at, last.carry, last.end = None, 0, trigger
+            last.data["below"] = 0  # judged afresh from here (what came before the recovery is settled)
             last.data["loss_moved"] = last.data.get("loss_moved", False) or self._loss_far(loss, onset, trigger + 1)
             self.episode = last
             self.pos = self._noted = trigger + 1
@@ -282,24 +282,40 @@ class SpikeScanner:
                                               & (rise >= cfg.min_rise)) | ep.data.get("loss_moved", False)
                 ok &= moved | np.isnan(zg) | (zg <= cfg.z_band)
         start, ep.carry = first_run(ok, cfg.recovery_obs, ep.carry)
+        # Each way an episode can end is decided at one observation, the earliest wins (ties in this order), so
+        # following it one observation at a time or all at once ends it at the same place.
+        recovered_by = start + cfg.recovery_obs - 1 if start < len(ok) else len(ok)
+        # Far below the level as well as far above it: the noise grew (the scale frozen at the onset is refuted),
+        # which is no excursion of the level. A spike does not take the loss many sigmas under its trend.
+        below = np.cumsum(np.nan_to_num(zl, nan=0.0) < -ep.frozen["thr_loss"]) + ep.data.get("below", 0)
+        refuted = int(np.searchsorted(below, cfg.persist_obs))
+        # Led by the gradient norm, which moved to a new level and stays there while the loss never left its
+        # band: a trend (warm-up, a schedule change), not an excursion. Decided once, ``patience_obs`` in.
+        trend_at = max(ep.onset + cfg.patience_obs - 1, lo) - lo if ep.data["grad_led"] else len(ok)
+        if trend_at < len(ok) and trend_at < min(recovered_by, refuted):
+            zl_all, _ = self.residuals(ep, loss, ep.onset, lo + trend_at + 1)
+            if not np.any(np.nan_to_num(zl_all, nan=-np.inf) > cfg.z_band):
+                self._restart_after(ep, lo + trend_at)  # re-learn the baseline from here
+                return
+        if refuted < len(ok) and refuted < recovered_by:
+            ep.data["noise_grew"] = True
+            self._close(ep, lo + refuted, loss)
+            return
+        ep.data["below"] = int(below[-1]) if len(below) else ep.data.get("below", 0)
         if moved is not None and len(moved):  # what was seen up to where this call stops looking
-            upto = min(start + cfg.recovery_obs - 1, len(moved) - 1) if start < len(ok) else len(moved) - 1
-            ep.data["loss_moved"] = bool(moved[max(upto, 0)])
+            ep.data["loss_moved"] = bool(moved[max(min(recovered_by, len(moved) - 1), 0)])
         if start < len(ok):
             self._close(ep, lo + start, loss)
             return
         ep.end, self.pos = n - 1, n
-        if ep.data["grad_led"] and n - ep.onset >= cfg.patience_obs:
-            # The gradient norm moved to a new level and stays there while the loss never left its band:
-            # a trend (warm-up, a schedule change), not an excursion. Re-learn the baseline from here.
-            zl_all, _ = self.residuals(ep, loss, ep.onset, n)
-            if not np.any(np.nan_to_num(zl_all, nan=-np.inf) > cfg.z_band):
-                self._restart_after(ep, n - 1)
 
     def _close(self, ep: Episode, recovered_at: int, loss: np.ndarray) -> None:
         ep.close(recovered_at)
         self.closed.append(ep)
         last = recovered_at + self.cfg.recovery_obs - 1
+        if ep.data.get("noise_grew"):
+            self._rearm(recovered_at)  # the baselines keep it all: the larger noise is the run's from now on
+            return
         if not self._persistent(ep, loss, recovered_at):
             # A blip that came straight back is the run's own tail, not an incident: the baselines keep it
             # (their medians do not move) and so does the extreme-value tail, which is made of such blips.
@@ -399,6 +415,8 @@ def classify(sc: SpikeScanner, ep: Episode, obs: Observations) -> Finding | None
     costly = bool(lasting and min(lasting["lasting_cost_sigmas"], lasting["lasting_above_level_sigmas"]) >= cfg.lasting_sigmas
                   and lasting["lasting_above_level"] >= cfg.lasting_rise * abs(base))
     peak_i = onset + int(np.argmax(zl_c if loss_moved else zg_c))
+    if ep.data.get("noise_grew"):
+        persistent, recovered = False, True
     if not persistent or (lr_story["lr_scheduled"] and recovered is not False):
         severity, needs = "info", False
     elif recovered is False or costly:
@@ -406,20 +424,20 @@ def classify(sc: SpikeScanner, ep: Episode, obs: Observations) -> Finding | None
     else:
         severity, needs = "warning", False
     finite_l = loss[onset:end + 1][np.isfinite(loss[onset:end + 1])]
-    peak_loss = float(finite_l.max()) if len(finite_l) else math.nan
+    peak_loss = float(finite_l.max()) if len(finite_l) else None  # None, not NaN: evidence is JSON
     lg = sc.log_grad.view[onset:end + 1]
     peak_g = float(np.nanmax(lg)) if np.isfinite(lg).any() else math.nan
     first_z = (zl_c[0], zg_c[0])
     grad_first = bool(first_z[1] > cfg.z_band and not first_z[0] > cfg.z_band)
     evidence = {
         "rule": ep.rule, "baseline_loss": base, "loss_sigma": f["scale"], "trend_slope": f["slope"],
-        "peak_loss": peak_loss, "loss_rise": peak_loss - base,
+        "peak_loss": peak_loss, "loss_rise": None if peak_loss is None else peak_loss - base,
         "observations_out_of_band": num_out, "observations_far_out": num_far, "threshold_sigmas": f["thr_loss"],
         "baseline_grad_norm": math.exp(f["glevel"]) if math.isfinite(f["glevel"]) else None,
         "peak_grad_norm": math.exp(peak_g) if math.isfinite(peak_g) else None,
         "grad_norm_ratio": (math.exp(float(np.nanmedian(lg)) - f["glevel"])
                             if math.isfinite(f["glevel"]) and np.isfinite(lg).any() else None),
-        "grad_norm_moved_first": grad_first, "blip": not persistent,
+        "grad_norm_moved_first": grad_first, "blip": not persistent, "noise_grew": bool(ep.data.get("noise_grew")),
         "trigger_step": int(steps[ep.trigger]),
         "detected_step": int(steps[min(onset + cfg.patience_obs - 1, n - 1)]) if recovered is False else int(steps[ep.trigger]),
         **lr_story, **lasting,
@@ -469,9 +487,12 @@ def _lasting_cost(sc: SpikeScanner, ep: Episode, loss: np.ndarray, n: int) -> di
 def _message(ev: dict, onset_step: int, recovered: bool | None, loss_moved: bool, costly: bool) -> str:
     what = ("loss spike" if not ev["blip"] else "one-step loss spike (a bad batch?)") if loss_moved \
         else "gradient-norm blip"
+    if ev.get("noise_grew"):
+        return (f"the loss noise grew from step {int(onset_step)}: values far below its level {ev['baseline_loss']:.4g}"
+                f" as well as above it (up to {fmt_value(ev['peak_loss'])}); a wider spread, not a spike")
     if ev["rule"] == "cusum" and not ev["blip"]:
         what = "sustained loss rise"
-    text = f"{what} from step {int(onset_step)}: loss {ev['baseline_loss']:.4g} -> {ev['peak_loss']:.4g}"
+    text = f"{what} from step {int(onset_step)}: loss {ev['baseline_loss']:.4g} -> {fmt_value(ev['peak_loss'])}"
     if ev["baseline_grad_norm"] and ev["peak_grad_norm"]:
         text += f", grad norm {ev['baseline_grad_norm']:.3g} -> {ev['peak_grad_norm']:.3g}"
     if ev["grad_norm_moved_first"]:

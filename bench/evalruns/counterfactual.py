@@ -53,8 +53,11 @@ class LabelRules:
     lasting_cost: float = 2.0
     """A median lift of 2 sigma over ``cost_window`` observations after the end is a lasting cost: the
     run came back to a worse curve and needs action (DETECTION.md section 5)."""
-    noise_window: int = 200
-    """Twin observations before the fault whose residuals give sigma: long enough for a stable MAD."""
+    noise_window: int = 64
+    """Twin observations before the fault whose residuals give sigma: the noise where the fault acts. A MAD of
+    64 is within ~15% of sigma; a longer window reaches back into early training, whose noise is several
+    times smaller (the batch-to-batch spread grows as the model leaves its uniform prediction), and would
+    inflate every early effect (v4 used 200: a 4-sigma bump at step 200 read as 9 sigma)."""
     trend_window: int = 15
     """Rolling-median width (observations) for the loss and gradient-norm trend; step time has no trend
     and takes its residuals about the window's median, so a noisy host's wander counts as noise."""
@@ -327,7 +330,7 @@ def natural_events(lines: dict[int, Lineage], rules: LabelRules) -> list[Label]:
     grew too far halving four times, a noisy host's slow stretch). The twin has them too, so the twin-
     difference shows nothing there; a finding on one is true about the run but not about an injected fault.
     Judged on the twin alone with the same thresholds as the labels: the loss against its level before
-    (median of the previous ``noise_window``/4 observations) in its own noise, the scale in halvings below
+    (median of the previous ``noise_window`` observations) in its own noise, the scale in halvings below
     its running maximum since the last growth, step time in its own variability.
     """
     out: list[Label] = []
@@ -353,11 +356,12 @@ def _own_excursions(x: np.ndarray, rules: LabelRules, *, log: bool, time: bool =
     ``lift_run`` mean past the clear lift, against the median of the observations before it."""
     with np.errstate(divide="ignore", invalid="ignore"):
         x = np.log(x) if log else x.copy()
-    ref_n = max(rules.noise_window // 4, 2 * rules.lift_run)
-    spans, i, n = [], ref_n, len(x)
+    ref_n, first = max(rules.noise_window, 2 * rules.lift_run), 2 * rules.lift_run
+    # Early on, the history there is (a run's first hundred steps spike too); after an excursion, what follows it.
+    spans, since, i, n = [], 0, first, len(x)
     lift = rules.clear_time_lift if time else rules.clear_lift
     while i < n:
-        ref = x[i - ref_n:i]
+        ref = x[max(i - ref_n, since):i]
         ref = ref[np.isfinite(ref)]
         if len(ref) < rules.lift_run:
             i += 1
@@ -371,7 +375,8 @@ def _own_excursions(x: np.ndarray, rules: LabelRules, *, log: bool, time: bool =
             j = first_settled(z, 0, rules.band, rules.lift_run)
             end = n - 1 if j is None else i + max(j - 1, 0)
             spans.append((i, end))
-            i = end + 1 + ref_n  # judge what follows against a clean reference again
+            since = end + 1
+            i = since + first
             continue
         i += 1
     return spans

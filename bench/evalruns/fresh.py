@@ -42,7 +42,7 @@ from .heldout import HeldoutSpec, subsample
 from .scenarios import LabelledRun
 from .truth import MainLine, backoff_bursts, right_checkpoint
 
-VERSION = "fresh-v3"  # v3: the twin's own excursions are dont_care (natural events)
+VERSION = "fresh-v5"  # v5: sigma from the 64 twin observations before the fault (v4: 200); natural events from the first observations
 NUM_RUNS = 150
 
 
