@@ -38,6 +38,13 @@ _MARKDOWN_SPECIAL = re.compile(r"""([!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~])""")
 # becomes one space, as HTML would show it anyway.
 _CONTROL_OR_SEPARATOR = frozenset({"Cc", "Cf", "Zl", "Zp"})
 _WHITESPACE = re.compile(r"\s+")
+# Streamlit's Markdown also turns bare URLs and e-mail addresses into links after
+# the escapes are resolved (mdast's GFM autolink transform works on plain text),
+# so an invisible WORD JOINER (U+2060) goes where those patterns hinge: after
+# "http:" and "https:" before "//", between "www" and ".", after "@". The text
+# reads the same; nothing matches.
+_AUTOLINK_HINGE = re.compile(r"(?i)(?<=https:)(?=//)|(?<=http:)(?=//)|(?<=www)(?=\.)|(?<=@)")
+WORD_JOINER = "\u2060"
 
 
 def _is_control(ch: str) -> bool:
@@ -47,7 +54,8 @@ def _is_control(ch: str) -> bool:
 def markdown(text: object) -> str:
     """``text`` as literal characters inside Streamlit Markdown, on one line."""
     flat = "".join(" " if _is_control(ch) else ch for ch in str(text))
-    return _MARKDOWN_SPECIAL.sub(r"\\\1", _WHITESPACE.sub(" ", flat).strip())
+    unlinked = _AUTOLINK_HINGE.sub(WORD_JOINER, _WHITESPACE.sub(" ", flat).strip())
+    return _MARKDOWN_SPECIAL.sub(r"\\\1", unlinked)
 
 
 def plotly(text: object) -> str:

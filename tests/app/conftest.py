@@ -19,7 +19,7 @@ from runwatch.collectors.importers import import_logs
 
 def shown(markdown_text: str) -> str:
     """What a reader sees of escaped Markdown source: the backslash escapes removed (``escape.markdown``)."""
-    return re.sub(r"\\([!-/:-@\[-`{-~])", r"\1", markdown_text)
+    return re.sub(r"\\([!-/:-@\[-`{-~])", r"\1", markdown_text).replace("\u2060", "")
 
 
 TEST_PLAN_KW = dict(num_steps=300, checkpoint_every=40, bad_batches=(70, 73), lr_jump_at=130,
@@ -75,3 +75,31 @@ def hostile_lines(path: str = HOSTILE_PATH, num_steps: int = 300, nan_from: int 
         if s % 50 == 0 and s > 0:
             lines.append({"event": "checkpoint", "step": s, "path": path})
     return lines
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http(url: str, proc=None, timeout_s: float = 90.0) -> None:
+    """Until ``url`` answers (any status), or fail with the process's output if it exited."""
+    import time
+    import urllib.error
+    import urllib.request
+
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        try:
+            urllib.request.urlopen(url, timeout=1)
+            return
+        except urllib.error.HTTPError:
+            return
+        except OSError:
+            if proc is not None and proc.poll() is not None:
+                pytest.fail(f"{proc.args} exited: {proc.stdout.read() if proc.stdout else ''}")
+            time.sleep(0.25)
+    pytest.fail(f"{url} did not answer in {timeout_s:.0f} s")

@@ -44,7 +44,7 @@ def _only_text(rendered: str) -> str:
     assert body.startswith("<p>") and body.endswith("</p>"), body
     inner = body[3:-4]
     assert "<" not in inner, f"an element was produced: {inner}"
-    return html.unescape(inner)
+    return html.unescape(inner).replace(escape.WORD_JOINER, "")  # invisible: what the reader sees
 
 
 @pytest.mark.parametrize("text", PAYLOADS)
@@ -81,6 +81,15 @@ def test_rollback_card_escapes_path_actions_and_reason() -> None:
         tags = set(re.findall(r"</?([a-zA-Z0-9]+)", GFM.render(line)))
         assert tags <= {"p", "strong", "em", "br", "ul", "li"}, tags  # the card's own emphasis, nothing else
     assert "`tick`$(touch x)" in GFM.render(views.rollback_lines(rollback)[0])  # shown, as text
+
+
+@pytest.mark.parametrize("text", ["see http://evil.example/x", "HTTPS://evil.example", "www.evil.example",
+                                  "mail eve@evil.example", "xmpp:eve@evil.example", "mailto:eve@evil.example"])
+def test_bare_urls_and_addresses_are_not_linked(text: str) -> None:
+    """Streamlit links them on the text after escapes; the Markdown must not hold the pattern at all."""
+    source = escape.markdown(text)
+    assert not re.search(r"(?i)https?:\\?/|www\\?\.|@[\w-]", source), source
+    assert source.replace("\\", "").replace(escape.WORD_JOINER, "") == text
 
 
 def test_figure_texts_are_escaped() -> None:
