@@ -3,7 +3,12 @@
 Every page goes through here. The store is one ``st.cache_resource``; query
 results are ``st.cache_data`` keyed on a cheap signature of the run's files
 (newest mtime and file count), so a new flush or a compaction invalidates
-exactly what changed and an idle dashboard costs a directory listing per tick.
+exactly what changed. An open page ticks every few seconds, so the tick is
+kept proportional to what changed, not to the root: a run's files are listed
+again only when one of its directories changed (``signatures``), its row of
+the runs table is read again only when its files changed (``run_summaries``),
+and it is judged again only when its files changed or time alone could change
+its verdict (``is_stale``).
 UI strings never reach SQL: run names pass ``check_run_name`` and the store
 binds every value.
 """
@@ -231,37 +236,41 @@ def _judge(root_dir: str, run: str) -> tuple[object | None, str | None, bool]:
         return None, f"{type(err).__name__}: {err}", False
 
 
-def is_stale(entry: Judged | None, sig: tuple[float, int], now: float) -> bool:
+def is_stale(entry: Judged | None, sig: tuple[float, int], now: float, *, detail: bool = False) -> bool:
     """Whether a run must be judged again: its files changed, or time alone may have changed its verdict.
 
-    Time matters only for a live run (it turns "stalled" when it stays
-    silent). The stall rule lives in the detectors, so instead of guessing
+    Time matters only for a live run: it turns "stalled" when it stays
+    silent. The stall rule lives in the detectors, so instead of guessing
     its threshold, a silent run is looked at again after a tenth of the
     silence it had when last judged (at least ``STALL_TICK_SECONDS``): a
     verdict that flips at silence T shows at most ~T/10 late, and a run
-    silent for days costs a few judgements a day, not one per tick. A slow
-    analysis (millions of steps) waits at least 20x its cost.
+    silent for days costs a few judgements a day, not one per tick. Once it
+    is "stalled", only new files can change that; ``detail`` (the run page)
+    still refreshes it on the same schedule, since its message says how long
+    the silence is. A slow analysis (millions of steps) waits at least 20x
+    its cost.
     """
     if entry is None or entry.sig != sig:
         return True
-    if not entry.live:
+    if not entry.live or (not detail and getattr(entry.report, "health", None) == "stalled"):
         return False
     silence = max(0.0, entry.judged_at - sig[0])
     return now - entry.judged_at >= max(STALL_TICK_SECONDS, STALL_LATENESS * silence, 20 * entry.cost)
 
 
-def report_for(root_dir: str, run: str, *, compute: bool = True,
-               sig: tuple[float, int] | None = None) -> tuple[object | None, str | None, bool]:
+def report_for(root_dir: str, run: str, *, compute: bool = True, sig: tuple[float, int] | None = None,
+               detail: bool = False) -> tuple[object | None, str | None, bool]:
     """(report, error, pending) for a run, judged as of now (see ``is_stale`` for when it is judged again).
 
     With ``compute=False`` only a cached (possibly older) result is returned;
     ``pending`` says none exists yet. ``sig``: the run's signature when the
     caller already has it (the overview lists the whole root once per tick).
+    ``detail``: the caller shows the findings' messages (see ``is_stale``).
     """
     cache, key, now = _reports(), (root_dir, run), time.time()
     sig = signature(root_dir, run) if sig is None else sig
     entry = cache.get(key)
-    if entry is not None and (not compute or not is_stale(entry, sig, now)):
+    if entry is not None and (not compute or not is_stale(entry, sig, now, detail=detail)):
         return entry.report, entry.error, False
     if not compute:
         return None, None, True

@@ -120,7 +120,7 @@ def run_page(root_dir: str) -> None:
     if run is None:
         return
     sig = state.signature(root_dir, run)
-    report, error, _ = state.report_for(root_dir, run, sig=sig)
+    report, error, _ = state.report_for(root_dir, run, sig=sig, detail=True)
     info, unreadable = state.run_summary(root_dir, run, sig)
     _header(run, report, error or unreadable, info)
     if report is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from streamlit.testing.v1 import AppTest
@@ -20,8 +21,9 @@ ENTRY = Path(__file__).resolve().parents[2] / "app" / "dashboard.py"
 NOW = 1.8e9
 
 
-def _judged(sig_time: float, judged_at: float, *, live: bool, cost: float = 0.01) -> Judged:
-    return Judged(sig=(sig_time, 3), judged_at=judged_at, cost=cost, live=live, report=None, error=None)
+def _judged(sig_time: float, judged_at: float, *, live: bool, cost: float = 0.01, health: str = "healthy") -> Judged:
+    return Judged(sig=(sig_time, 3), judged_at=judged_at, cost=cost, live=live, report=SimpleNamespace(health=health),
+                  error=None)
 
 
 @pytest.mark.parametrize("entry, sig, now, stale", [
@@ -33,9 +35,16 @@ def _judged(sig_time: float, judged_at: float, *, live: bool, cost: float = 0.01
     (_judged(NOW - 3600, NOW - 300, live=True), (NOW - 3600, 3), NOW, False),      # silent 55 min: every 5.5 min
     (_judged(NOW - 3600, NOW - 331, live=True), (NOW - 3600, 3), NOW, True),
     (_judged(NOW - 100, NOW - 30, live=True, cost=2.0), (NOW - 100, 3), NOW, False),  # a slow judgement: 20x its cost
+    (_judged(NOW - 3600, NOW - 400, live=True, health="stalled"), (NOW - 3600, 3), NOW, False),  # stalled stays so
+    (_judged(NOW - 3600, NOW - 400, live=True, health="stalled"), (NOW - 3600, 4), NOW, True),   # ... until it writes
 ])
 def test_when_a_run_is_judged_again(entry: Judged | None, sig: tuple[float, int], now: float, stale: bool) -> None:
     assert is_stale(entry, sig, now) is stale
+
+
+def test_the_run_page_keeps_a_stalled_runs_message_current() -> None:
+    entry = _judged(NOW - 3600, NOW - 400, live=True, health="stalled")
+    assert is_stale(entry, (NOW - 3600, 3), NOW, detail=True)
 
 
 def test_a_silent_live_run_is_judged_a_few_times_a_day_not_every_tick() -> None:
