@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 AUTH_ENV = "RUNWATCH_AUTH_SECRETS"
 """Set by ``serve.py`` to the secrets file when pages must require a login (read by ``dashboard.py``)."""
 ALLOWED_HOSTS_ENV = "RUNWATCH_ALLOWED_HOSTS"
-"""Comma-separated host names the server answers to (set by ``serve.py``, enforced by ``asgi.HostGuard``)."""
+"""Comma-separated host names the server answers to (set by ``serve.py``, enforced by ``HostGuard``)."""
 SECRETS_DEFAULT = Path(".streamlit") / "secrets.toml"
 """Where the secrets file is looked for when none is given: Streamlit's project-level place, in the working directory."""
 _PROVIDER_KEYS = ("client_id", "client_secret", "server_metadata_url")
