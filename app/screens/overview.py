@@ -47,12 +47,16 @@ def overview(root_dir: str) -> None:
     rows = views.overview_rows(runs, reports, errors, now=time.time(), pending=pending)
     _banner(rows)
     table = pd.DataFrame(rows)
+    # A coloured label per health (a one-item list column) instead of a pandas Styler: the Styler
+    # renders every cell on every tick and was half of an idle overview's CPU.
+    table["health"] = [[h] for h in table["health"]]
     event = st.dataframe(
-        table.style.map(views.cell_style, subset=["health"]), key="overview_table", hide_index=True,
+        table, key="overview_table", hide_index=True,
         on_select="rerun", selection_mode="single-row",
         column_order=["health", "run", "what", "open findings", "last step", "tokens", "updated", "segments"],
         column_config={
-            "health": st.column_config.TextColumn("health", width="small"),
+            "health": st.column_config.MultiselectColumn("health", width="small", options=list(views.HEALTH_COLORS),
+                                                         color=list(views.HEALTH_COLORS.values())),
             "run": st.column_config.TextColumn("run", width="medium"),
             "what": st.column_config.TextColumn("open findings (kinds)", width="medium"),
             "open findings": st.column_config.NumberColumn("# open", format="%d", width="small"),
