@@ -15,6 +15,7 @@ import json
 import sys
 from pathlib import Path
 
+from runwatch.app import escape
 from runwatch.app.judge import judge_run
 from runwatch.data.store import Store
 from runwatch.detectors.analysis import Report
@@ -35,7 +36,7 @@ def exit_code(report: Report) -> int:
 
 
 def format_report(run: str, report: Report) -> str:
-    """The 3 a.m. view: one health line, what happened, what to do."""
+    """The 3 a.m. view: one health line, what happened, what to do; every line passes ``escape.terminal``."""
     lines = [f"{run}: {report.health.upper()}"]
     open_ = [f for f in report.findings if f.open]
     history = [f for f in report.findings if not f.open]
@@ -66,7 +67,8 @@ def format_report(run: str, report: Report) -> str:
         f"{s.segment} [{s.first_step}-{s.last_step}"
         + (f", abandoned from {s.abandoned_from}]" if s.abandoned_from is not None else "]")
         for s in report.segments))
-    return "\n".join(lines)
+    # Messages, paths and the resume hint quote the run's events: no control character reaches the terminal.
+    return "\n".join(escape.terminal(line) for line in lines)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -15,6 +15,8 @@ import sys
 import time
 from collections.abc import Sequence
 
+from runwatch.app.escape import terminal
+
 EXIT_OK, EXIT_ACTION, EXIT_USAGE = 0, 1, 2
 
 
@@ -124,7 +126,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("dashboard", help="serve the on-call dashboard", description="Serve the Streamlit dashboard over ROOT.")
     root_arg(p)
     p.add_argument("--port", type=int, default=8501, help="port (default 8501)")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to bind (default 127.0.0.1: this machine only; others need --secrets with [auth])")
+    p.add_argument("--secrets", help="Streamlit secrets file whose [auth] section configures the login "
+                                     "(default ./.streamlit/secrets.toml when it exists)")
     p.set_defaults(func=_delegate("runwatch.app.serve"))
 
     p = sub.add_parser("demo", help="train a tiny model with faults, then open the dashboard on it",
@@ -148,7 +153,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_OK
     except (ValueError, OSError, RuntimeError) as err:
         # Bad input or a data error: one clear line, no traceback.
-        print(f"runwatch: error: {err}", file=sys.stderr)
+        print(f"runwatch: error: {terminal(err)}", file=sys.stderr)  # errors quote log lines: escaped
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130

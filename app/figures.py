@@ -1,6 +1,8 @@
 """Figure builders for the dashboard: downsampled series in, ``go.Figure`` out.
 
-Pure functions (no Streamlit, no store): the pages fetch per-bucket
+Pure functions (no Streamlit, no store): every text that reaches Plotly
+(hover text, trace names, annotations) passes ``escape.plotly`` here, so a
+caller cannot forget it. The pages fetch per-bucket
 first/min/max/last tables from ``Store.downsample_columns`` and hand them
 here. Each bucket is drawn as a line through its first, min, max and last
 values in x order, so a one-step spike survives any zoom level.
@@ -15,6 +17,8 @@ import numpy as np
 import plotly.graph_objects as go
 import pyarrow as pa
 from plotly.subplots import make_subplots
+
+from runwatch.app import escape
 
 
 @dataclass(frozen=True)
@@ -164,12 +168,12 @@ def run_figure(
 def _add_event_strip(fig: go.Figure, row: int, checkpoints: Sequence[Mapping], resumes: Sequence[Mapping]) -> None:
     if checkpoints:
         fig.add_trace(go.Scatter(x=[c["x"] for c in checkpoints], y=[0] * len(checkpoints), mode="markers",
-                                 name="checkpoint", hovertext=[c["text"] for c in checkpoints], hoverinfo="text",
+                                 name="checkpoint", hovertext=[escape.plotly(c["text"]) for c in checkpoints], hoverinfo="text",
                                  marker={"symbol": "triangle-up", "size": 10, "color": "#2c3e50"},
                                  showlegend=False), row=row, col=1)
     if resumes:
         fig.add_trace(go.Scatter(x=[r["x"] for r in resumes], y=[0] * len(resumes), mode="markers",
-                                 name="resume", hovertext=[r["text"] for r in resumes], hoverinfo="text",
+                                 name="resume", hovertext=[escape.plotly(r["text"]) for r in resumes], hoverinfo="text",
                                  marker={"symbol": "diamond", "size": 11, "color": "#8e44ad"},
                                  showlegend=False), row=row, col=1)
     fig.update_yaxes(visible=False, range=[-1, 1], fixedrange=True, row=row, col=1)
@@ -192,7 +196,7 @@ def _add_bands(fig: go.Figure, bands: Sequence[Mapping], drawn: Sequence[Panel])
             fig.add_vrect(x0=x0, x1=x1, fillcolor=color, opacity=0.18 if band.get("open", True) else 0.09,
                           line_width=0, layer="below", row=row, col=1)
             fig.add_vline(x=x0, line={"color": color, "width": 1.5}, row=row, col=1)
-        fig.add_annotation(x=x0, y=1, yref="y domain", xref="x", text=band.get("label", ""), showarrow=False,
+        fig.add_annotation(x=x0, y=1, yref="y domain", xref="x", text=escape.plotly(band.get("label", "")), showarrow=False,
                            xanchor="left", yanchor="top", font={"size": 12, "color": color}, row=rows[0], col=1)
 
 
@@ -205,7 +209,7 @@ def compare_figure(
         return _empty_figure("the selected runs have no common chartable column")
     titles = {p.column: p.title for p in PANELS}
     fig = make_subplots(rows=len(present), cols=1, shared_xaxes=True, vertical_spacing=0.06,
-                        subplot_titles=[titles.get(c, c) for c in present])
+                        subplot_titles=[escape.plotly(titles.get(c, c)) for c in present])
     for i, (run, series) in enumerate(series_by_run.items()):
         color = RUN_COLORS[i % len(RUN_COLORS)]
         for row, column in enumerate(present, start=1):
@@ -213,7 +217,7 @@ def compare_figure(
             if ds is None or ds.num_rows == 0:
                 continue
             xs, ys = envelope(ds.filter(ds["main"]))
-            fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=run, legendgroup=run, showlegend=row == 1,
+            fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=escape.plotly(run), legendgroup=run, showlegend=row == 1,
                                        line={"color": color, "width": 1.5}), row=row, col=1)
     for row, column in enumerate(present, start=1):
         if column == "loss_scale":
@@ -227,7 +231,7 @@ def compare_figure(
 
 def _empty_figure(message: str) -> go.Figure:
     fig = go.Figure()
-    fig.add_annotation(text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper", font={"size": 16})
+    fig.add_annotation(text=escape.plotly(message), showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper", font={"size": 16})
     fig.update_layout(height=200, xaxis={"visible": False}, yaxis={"visible": False})
     return fig
 

@@ -3,7 +3,12 @@
 Every page goes through here. The store is one ``st.cache_resource``; query
 results are ``st.cache_data`` keyed on a cheap signature of the run's files
 (newest mtime and file count), so a new flush or a compaction invalidates
-exactly what changed and an idle dashboard costs a directory listing per tick.
+exactly what changed. An open page ticks every few seconds, so the tick is
+kept proportional to what changed, not to the root: a run's files are listed
+again only when one of its directories changed (``signatures``), its row of
+the runs table is read again only when its files changed (``run_summaries``),
+and it is judged again only when its files changed or time alone could change
+its verdict (``is_stale``).
 UI strings never reach SQL: run names pass ``check_run_name`` and the store
 binds every value.
 """
@@ -13,19 +18,22 @@ from __future__ import annotations
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import plotly.graph_objects as go
 import pyarrow as pa
 import streamlit as st
 
-from runwatch.app import figures, views
+from runwatch.app import escape, figures, views
 from runwatch.app.serve import ROOT_ENV
-from runwatch.data.storage import check_run_name, data_files
+from runwatch.data.storage import check_run_name, data_files, list_runs, run_dir
 from runwatch.data.store import Store
 
 LIVE_SECONDS = 5.0  # how often an open page polls for new flushes
-STALL_TICK_SECONDS = 15  # how often an unchanged run is re-judged (so "stalled" appears by itself)
+STALL_TICK_SECONDS = 15.0  # the soonest an unchanged live run is judged again (so "stalled" appears by itself)
+STALL_LATENESS = 0.1  # ... and at most this share of its silence late (see is_stale)
+RACY_SECONDS = 2.0  # a directory younger than this may change again within one timestamp tick (see _dir_stamp)
 CHART_COLUMNS = ("loss", "grad_norm", "loss_scale", "act_norm", "step_time")
 NUM_BUCKETS = 2000
 
@@ -51,14 +59,126 @@ def get_store(root_dir: str) -> Store:
 
 def signature(root_dir: str, run: str | None = None) -> tuple[float, int]:
     """Newest mtime and number of committed files: changes on every flush, import or compaction."""
-    files = data_files(root_dir, run, "metrics") + data_files(root_dir, run, "events")
-    mtimes = [f.stat().st_mtime for f in files if f.exists()]
+    mtimes = []
+    for f in data_files(root_dir, run, "metrics") + data_files(root_dir, run, "events"):
+        try:
+            mtimes.append(f.stat().st_mtime)
+        except FileNotFoundError:  # compacted or replaced since it was listed
+            continue
     return (max(mtimes) if mtimes else 0.0, len(mtimes))
 
 
-@st.cache_data(max_entries=32, show_spinner=False)
-def load_runs(root_dir: str, sig: tuple[float, int]) -> list[dict]:
-    return get_store(root_dir).runs().to_pylist()
+def _dir_stamp(top: Path) -> tuple[int, float] | None:
+    """A digest of (path, inode, mtime) of every directory under ``top``, or None when it may still be moving.
+
+    Files land by rename and leave by unlink, so a new, compacted or swapped
+    file always changes its directory: an unchanged stamp means unchanged
+    files, and only a changed run is listed again. A directory changed in the
+    last ``RACY_SECONDS`` could change again within the same timestamp on a
+    coarse filesystem, so it gives no stamp (git's "racily clean" rule).
+    """
+    entries, stack, newest = [], [str(top)], 0.0
+    while stack:
+        path = stack.pop()
+        try:
+            info = os.stat(path)
+            with os.scandir(path) as it:
+                stack.extend(e.path for e in it if e.is_dir(follow_symlinks=False))
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        entries.append((path, info.st_ino, info.st_mtime_ns))
+        newest = max(newest, info.st_mtime)
+    return None if time.time() - newest < RACY_SECONDS else (hash(tuple(sorted(entries))), newest)
+
+
+@st.cache_resource
+def _listed() -> dict[str, dict[str, tuple[tuple[int, float] | None, tuple[float, int]]]]:
+    """root -> run -> (its directory stamp, its signature); shared by all sessions."""
+    return {}
+
+
+def signatures(root_dir: str) -> dict[str, tuple[float, int]]:
+    """Every run's ``signature`` (runs with committed files only); what the overview does each tick.
+
+    A run's files are listed again only when its directory stamp changed, so
+    an idle root of hundreds of runs costs a walk of its directories.
+    """
+    known = _listed().setdefault(root_dir, {})
+    runs = list_runs(root_dir)
+    for gone in set(known) - set(runs):
+        known.pop(gone, None)
+    out = {}
+    for run in runs:
+        stamp = _dir_stamp(run_dir(root_dir, run))
+        if stamp is None or run not in known or known[run][0] != stamp:
+            known[run] = (stamp, signature(root_dir, run))
+        if known[run][1][1]:
+            out[run] = known[run][1]
+    return out
+
+
+@st.cache_resource
+def _summaries() -> dict[str, dict[str, tuple[tuple[float, int], dict | None, str | None]]]:
+    """root -> run -> (signature, its row of the runs table, or None and why it could not be read); all sessions."""
+    return {}
+
+
+def _summary(store: Store, run: str) -> dict:
+    """One run's row of ``Store.runs()`` from queries over that run's files alone."""
+    segments = store.segments(run).to_pylist()
+    last_step = max(s["last_step"] for s in segments)
+    tail = store.rows(run, rank=None, lo=last_step, hi=last_step)
+    tokens = [t for t in (tail["tokens"].to_pylist() if "tokens" in tail.column_names else []) if t is not None]
+    return {"run": run, "first_step": min(s["first_step"] for s in segments), "last_step": last_step,
+            "num_segments": len(segments), "num_ranks": len(store.ranks(run)),
+            "last_time": max((s["last_time"] for s in segments if s["last_time"] is not None), default=None),
+            "tokens": max(tokens, default=None), "num_rows": sum(s["num_rows"] for s in segments)}
+
+
+def _read_summary(root_dir: str, run: str, sig: tuple[float, int]) -> tuple[tuple[float, int], dict | None, str | None]:
+    try:
+        return sig, _summary(get_store(root_dir), run), None
+    except (ValueError, RuntimeError, OSError) as err:
+        return sig, None, f"{type(err).__name__}: {err}"
+
+
+def run_summary(root_dir: str, run: str, sig: tuple[float, int]) -> tuple[dict, str | None]:
+    """One run's row of the runs table (read again only when its files changed), and why it failed, if it did."""
+    known = _summaries().setdefault(root_dir, {})
+    if run not in known or known[run][0] != sig:
+        known[run] = _read_summary(root_dir, run, sig)
+    _, row, error = known[run]
+    return {**(row or {"run": run}), "last_update": sig[0]}, error
+
+
+def run_summaries(root_dir: str, sigs: dict[str, tuple[float, int]]) -> tuple[list[dict], dict[str, str]]:
+    """The runs table (``Store.runs()`` rows, by run) and run -> why it could not be read.
+
+    Only runs whose files changed are read again, so one live run flushing
+    costs a query over that run, not over the whole root. When many changed
+    (the first open), one scan of the root is cheaper than a query per run.
+    A run that cannot be read (a corrupt file) is reported against itself;
+    the others still list.
+    """
+    known = _summaries().setdefault(root_dir, {})
+    for gone in set(known) - set(sigs):
+        known.pop(gone, None)
+    stale = [run for run, sig in sigs.items() if run not in known or known[run][0] != sig]
+    if len(stale) > max(8, len(sigs) // 4):
+        try:
+            scanned = {r["run"]: r for r in get_store(root_dir).runs().to_pylist()}
+        except (ValueError, RuntimeError, OSError):
+            scanned = {}  # one bad file fails the whole scan: read run by run, so it is pinned on its run
+        for run in stale:
+            if run in scanned:
+                known[run] = (sigs[run], scanned[run], None)
+    rows, errors = [], {}
+    for run in sorted(sigs):
+        row, error = run_summary(root_dir, run, sigs[run])
+        rows.append(row)
+        if error is not None:
+            errors[run] = error
+    return rows, errors
 
 
 @st.cache_data(max_entries=64, show_spinner=False)
@@ -83,52 +203,90 @@ def load_series(root_dir: str, run: str, sig: tuple[float, int], columns: tuple[
     return get_store(root_dir).downsample_columns(run, list(columns), x=x, lo=lo, hi=hi, num_buckets=NUM_BUCKETS)
 
 
+@dataclass(frozen=True)
+class Judged:
+    """A run's cached verdict and what decides when it is stale."""
+
+    sig: tuple[float, int]
+    """The run's file signature when it was judged."""
+    judged_at: float
+    """Clock time of the judgement (unix seconds)."""
+    cost: float
+    """Seconds the judgement took."""
+    live: bool
+    """Whether the run can still stall (``judge.is_live``): only then can time alone change the verdict."""
+    report: object | None
+    error: str | None
+
+
 @st.cache_resource
-def _reports() -> dict:
-    """(root, run) -> (signature, judged_at, seconds it took, report, error); shared by all sessions."""
+def _reports() -> dict[tuple[str, str], Judged]:
+    """(root, run) -> its latest judgement; shared by all sessions."""
     return {}
 
 
-def _judge(root_dir: str, run: str) -> tuple[object | None, str | None, float]:
-    from runwatch.app.judge import judge_run
+def _judge(root_dir: str, run: str) -> tuple[object | None, str | None, bool]:
+    from runwatch.app.judge import is_live, judge_run
 
-    t0 = time.perf_counter()
+    store = get_store(root_dir)
     try:
-        return judge_run(get_store(root_dir), run), None, time.perf_counter() - t0
+        return judge_run(store, run), None, is_live(store.meta(run), store.events(run))
     except (ValueError, RuntimeError, OSError, MemoryError) as err:
-        # Shown on the page (and cached, so a run too big to judge is not retried every tick).
-        return None, f"{type(err).__name__}: {err}", time.perf_counter() - t0
+        # Shown on the page (and cached, so a run that cannot be judged is not retried until its files change).
+        return None, f"{type(err).__name__}: {err}", False
 
 
-def report_for(root_dir: str, run: str, *, compute: bool = True) -> tuple[object | None, str | None, bool]:
-    """(report, error, pending) for a run, judged as of now.
+def is_stale(entry: Judged | None, sig: tuple[float, int], now: float, *, detail: bool = False) -> bool:
+    """Whether a run must be judged again: its files changed, or time alone may have changed its verdict.
 
-    Re-judged when its files change, and also every ``STALL_TICK_SECONDS``
-    while idle so a run that stopped turns "stalled" by itself; a run whose
-    analysis is slow (millions of steps) is re-judged at most every 20x its
-    cost, so the dashboard never spends its time re-running detectors. With
-    ``compute=False`` only a cached (possibly older) result is returned;
-    ``pending`` says none exists yet.
+    Time matters only for a live run: it turns "stalled" when it stays
+    silent. The stall rule lives in the detectors, so instead of guessing
+    its threshold, a silent run is looked at again after a tenth of the
+    silence it had when last judged (at least ``STALL_TICK_SECONDS``): a
+    verdict that flips at silence T shows at most ~T/10 late, and a run
+    silent for days costs a few judgements a day, not one per tick. Once it
+    is "stalled", only new files can change that; ``detail`` (the run page)
+    still refreshes it on the same schedule, since its message says how long
+    the silence is. A slow analysis (millions of steps) waits at least 20x
+    its cost.
     """
-    cache, key, sig, now = _reports(), (root_dir, run), signature(root_dir, run), time.time()
+    if entry is None or entry.sig != sig:
+        return True
+    if not entry.live or (not detail and getattr(entry.report, "health", None) == "stalled"):
+        return False
+    silence = max(0.0, entry.judged_at - sig[0])
+    return now - entry.judged_at >= max(STALL_TICK_SECONDS, STALL_LATENESS * silence, 20 * entry.cost)
+
+
+def report_for(root_dir: str, run: str, *, compute: bool = True, sig: tuple[float, int] | None = None,
+               detail: bool = False) -> tuple[object | None, str | None, bool]:
+    """(report, error, pending) for a run, judged as of now (see ``is_stale`` for when it is judged again).
+
+    With ``compute=False`` only a cached (possibly older) result is returned;
+    ``pending`` says none exists yet. ``sig``: the run's signature when the
+    caller already has it (the overview lists the whole root once per tick).
+    ``detail``: the caller shows the findings' messages (see ``is_stale``).
+    """
+    cache, key, now = _reports(), (root_dir, run), time.time()
+    sig = signature(root_dir, run) if sig is None else sig
     entry = cache.get(key)
-    fresh = entry is not None and entry[0] == sig and now - entry[1] < max(STALL_TICK_SECONDS, 20 * entry[2])
-    if fresh or (entry is not None and not compute):
-        return entry[3], entry[4], False
+    if entry is not None and (not compute or not is_stale(entry, sig, now, detail=detail)):
+        return entry.report, entry.error, False
     if not compute:
         return None, None, True
+    t0 = time.perf_counter()
     try:
-        report, error, cost = _judge(root_dir, run)
+        report, error, live = _judge(root_dir, run)
     except ImportError as err:
         return None, f"detectors unavailable: {err}", False
-    cache[key] = (sig, now, cost, report, error)
+    cache[key] = Judged(sig, now, time.perf_counter() - t0, live, report, error)
     return report, error, False
 
 
 def report_stamp(root_dir: str, run: str) -> float:
     """When the cached report of ``run`` was made (0 when none): part of the chart's cache key."""
     entry = _reports().get((root_dir, run))
-    return entry[1] if entry is not None else 0.0
+    return entry.judged_at if entry is not None else 0.0
 
 
 @st.cache_data(max_entries=16, show_spinner=False)
@@ -168,9 +326,9 @@ def selected_run(root_dir: str) -> str | None:
     try:
         check_run_name(name)
     except ValueError as err:
-        st.error(str(err))
+        st.error(escape.markdown(err))
         return None
     if not get_store(root_dir).has_run(name):
-        st.warning(f"no run named {name!r} under {root_dir}")
+        st.warning(escape.markdown(f"no run named {name!r} under {root_dir}"))
         return None
     return name

@@ -1,7 +1,9 @@
 """Pure view helpers for the dashboard: tables, cards and commands from analysis results.
 
 No Streamlit here: the pages call these and render what they return, so the
-wording the on-call engineer reads is unit-tested directly. Findings and
+wording the on-call engineer reads is unit-tested directly. Markdown they
+return has every outside string escaped (``escape.markdown``); tables and
+code blocks are plain text and take strings as they are. Findings and
 rollback advice are duck-typed against ``runwatch.detectors`` (frozen
 dataclasses with the documented fields).
 """
@@ -15,6 +17,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from runwatch.app import escape
 from runwatch.detectors.advisor import resume_hint
 
 HEALTH_ORDER = {"action needed": 0, "stalled": 1, "error": 2, "analysing": 3, "watching": 4, "healthy": 5}
@@ -171,22 +174,28 @@ def event_marks(events: pa.Table, kind: str, x_of_step: Callable[[float], float]
 
 
 def rollback_lines(rollback: object) -> list[str]:
-    """The rollback card as markdown lines: where to go back to, what to skip, what to change, why."""
+    """The rollback card as Markdown lines: where to go back to, what to skip, what to change, why.
+
+    The checkpoint path, the actions and the reason quote text from the run's
+    events, so each is escaped (``escape.markdown``); only the emphasis around
+    them is Markdown.
+    """
     lines = []
     if getattr(rollback, "checkpoint_step", None) is None:
         lines.append("**No healthy checkpoint before the onset was found.**")
     else:
-        lines.append(f"**Roll back to checkpoint @ step {rollback.checkpoint_step:,}**  \n`{rollback.checkpoint_path}`")
+        lines.append(f"**Roll back to checkpoint @ step {int(rollback.checkpoint_step):,}**  \n"
+                     f"{escape.markdown(rollback.checkpoint_path)}")
     if getattr(rollback, "checkpoint_missing", False):
         lines.append("⚠️ That checkpoint is no longer retained (deleted by retention): restore it or go further back.")
     skip = getattr(rollback, "skip_batches", None)
     if skip:
-        lines.append(f"**Skip batches** {skip[0]:,} – {skip[1]:,}")
+        lines.append(f"**Skip batches** {int(skip[0]):,} – {int(skip[1]):,}")
     actions = list(getattr(rollback, "actions", []) or [])
     if actions:
-        lines.append("**Then:**\n" + "\n".join(f"- {a}" for a in actions))
+        lines.append("**Then:**\n" + "\n".join(f"- {escape.markdown(a)}" for a in actions))
     if getattr(rollback, "reason", ""):
-        lines.append(f"_Why:_ {rollback.reason}")
+        lines.append(f"_Why:_ {escape.markdown(rollback.reason)}")
     return lines
 
 

@@ -2,7 +2,8 @@
 
 A path must resolve to a file under the root (the dashboard reads nothing
 outside it); an upload is written to a temporary file first. Errors from the
-parser name the file and line and are shown as they are.
+parser name the file and line and are shown escaped (they quote the log).
+Replacing an existing run needs its name typed again.
 """
 
 from __future__ import annotations
@@ -12,20 +13,35 @@ from pathlib import Path
 
 import streamlit as st
 
-from runwatch.app import state
+from runwatch.app import escape, state
 from runwatch.app.views import resolve_under_root
 from runwatch.collectors.importers import FORMATS, import_logs
+from runwatch.data.storage import check_run_name, run_exists
 
 
 def _run_import(root_dir: str, fmt: str, path: Path, run: str, skip_bad: bool, replace: bool) -> None:
     try:
         result = import_logs(fmt, [path], root_dir, run, skip_bad_lines=skip_bad, replace=replace)
     except (ValueError, OSError, RuntimeError) as err:
-        st.error(f"Import failed, nothing was written: {err}")
+        st.error(f"Import failed, nothing was written: {escape.markdown(err)}")
         return
     st.success(f"Imported {result.num_rows:,} rows and {result.num_events} events into run "
-               f"`{result.run}` ({result.num_segments} segment(s); skipped {result.num_skipped} bad line(s)).")
-    st.page_link("screens/run.py", label=f"Open {result.run}", query_params={"run": result.run})
+               f"{escape.markdown(result.run)} ({result.num_segments} segment(s); skipped {result.num_skipped} bad line(s)).")
+    st.page_link("screens/run.py", label=escape.markdown(f"Open {result.run}"), query_params={"run": result.run})
+
+
+def _replace_confirmed(root_dir: str, run: str, replace: bool) -> bool:
+    """Overwriting a run destroys its data: only with the run's name typed again."""
+    try:
+        exists = bool(run) and run_exists(root_dir, check_run_name(run))
+    except ValueError:
+        return True  # an invalid name: the import refuses it with its own message
+    if not (replace and exists):
+        return True
+    st.warning(f"Run {escape.markdown(run)} exists. Importing with replace deletes its recorded data "
+               "and puts this log in its place.")
+    typed = st.text_input("type the run name to confirm the replacement", key="import_confirm")
+    return typed == run
 
 
 def import_page(root_dir: str) -> None:
@@ -40,10 +56,14 @@ def import_page(root_dir: str) -> None:
     run = st.text_input("run name", key="import_run")
     skip_bad = st.checkbox("skip bad lines (and report how many)", key="import_skip_bad")
     replace = st.checkbox("replace the run if it exists", key="import_replace")
+    confirmed = _replace_confirmed(root_dir, run, replace)
     if not st.button("import", key="import_button", type="primary"):
         return
     if not run:
         st.error("Give the run a name.")
+        return
+    if not confirmed:
+        st.error("Not imported: type the run's name in the confirmation box to replace it.")
         return
     try:
         if upload is not None:
@@ -57,7 +77,7 @@ def import_page(root_dir: str) -> None:
             st.error("Give a path or upload a file.")
             return
     except ValueError as err:
-        st.error(str(err))
+        st.error(escape.markdown(err))
         return
     try:
         _run_import(root_dir, fmt, path, run, skip_bad, replace)
@@ -70,4 +90,4 @@ st.title("runwatch · import an archived log")
 try:
     import_page(str(state.root()))
 except ValueError as err:
-    st.error(str(err))
+    st.error(escape.markdown(err))

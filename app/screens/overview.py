@@ -13,17 +13,18 @@ import time
 import pandas as pd
 import streamlit as st
 
-from runwatch.app import state, views
+from runwatch.app import escape, state, views
 
 RUN_PAGE = "screens/run.py"
 ANALYSIS_BUDGET_S = 2.0  # detector time per tick before the page is drawn with what it has
 
 
-def _judge_all(root_dir: str, names: list[str]) -> tuple[dict, dict, list[str]]:
+def _judge_all(root_dir: str, sigs: dict[str, tuple[float, int]], names: list[str]) -> tuple[dict, dict, list[str]]:
     reports, errors, pending = {}, {}, []
     t0 = time.perf_counter()
     for name in names:
-        report, error, waiting = state.report_for(root_dir, name, compute=time.perf_counter() - t0 < ANALYSIS_BUDGET_S)
+        report, error, waiting = state.report_for(root_dir, name, compute=time.perf_counter() - t0 < ANALYSIS_BUDGET_S,
+                                                  sig=sigs.get(name, (0.0, 0)))
         if waiting:
             pending.append(name)
         elif error:
@@ -35,21 +36,27 @@ def _judge_all(root_dir: str, names: list[str]) -> tuple[dict, dict, list[str]]:
 
 @st.fragment(run_every=state.LIVE_SECONDS)
 def overview(root_dir: str) -> None:
-    runs = state.load_runs(root_dir, state.signature(root_dir))
+    sigs = state.signatures(root_dir)
+    runs, unreadable = state.run_summaries(root_dir, sigs)
     if not runs:
-        st.info(f"No runs under `{root_dir}` yet. Record one with `Monitor`, run `runwatch demo`, "
+        st.info(f"No runs under {escape.markdown(root_dir)} yet. Record one with `Monitor`, run `runwatch demo`, "
                 "or use the Import page.")
         return
-    reports, errors, pending = _judge_all(root_dir, [r["run"] for r in runs])
+    reports, errors, pending = _judge_all(root_dir, sigs, [r["run"] for r in runs if r["run"] not in unreadable])
+    errors.update(unreadable)
     rows = views.overview_rows(runs, reports, errors, now=time.time(), pending=pending)
     _banner(rows)
     table = pd.DataFrame(rows)
+    # A coloured label per health (a one-item list column) instead of a pandas Styler: the Styler
+    # renders every cell on every tick and was half of an idle overview's CPU.
+    table["health"] = [[h] for h in table["health"]]
     event = st.dataframe(
-        table.style.map(views.cell_style, subset=["health"]), key="overview_table", hide_index=True,
+        table, key="overview_table", hide_index=True,
         on_select="rerun", selection_mode="single-row",
         column_order=["health", "run", "what", "open findings", "last step", "tokens", "updated", "segments"],
         column_config={
-            "health": st.column_config.TextColumn("health", width="small"),
+            "health": st.column_config.MultiselectColumn("health", width="small", options=list(views.HEALTH_COLORS),
+                                                         color=list(views.HEALTH_COLORS.values())),
             "run": st.column_config.TextColumn("run", width="medium"),
             "what": st.column_config.TextColumn("open findings (kinds)", width="medium"),
             "open findings": st.column_config.NumberColumn("# open", format="%d", width="small"),
@@ -77,7 +84,7 @@ def _banner(rows: list[dict]) -> None:
     cols = st.columns(min(len(urgent), 4))
     for i, r in enumerate(urgent[:8]):
         with cols[i % len(cols)]:
-            st.page_link(RUN_PAGE, label=f"{r['run']} — {r['health']}", query_params={"run": r["run"]},
+            st.page_link(RUN_PAGE, label=escape.markdown(f"{r['run']} — {r['health']}"), query_params={"run": r["run"]},
                          icon=":material/warning:")
 
 
@@ -85,4 +92,4 @@ st.title("runwatch · overview")
 try:
     overview(str(state.root()))
 except ValueError as err:
-    st.error(str(err))
+    st.error(escape.markdown(err))

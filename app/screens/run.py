@@ -12,16 +12,16 @@ import time
 import pandas as pd
 import streamlit as st
 
-from runwatch.app import state, views
+from runwatch.app import escape, state, views
 
 
 def _pick_run(root_dir: str) -> str | None:
     run = state.selected_run(root_dir)
     if run is not None:
         return run
-    names = [r["run"] for r in state.load_runs(root_dir, state.signature(root_dir))]
+    names = sorted(state.signatures(root_dir))
     if not names:
-        st.info(f"No runs under `{root_dir}` yet.")
+        st.info(f"No runs under {escape.markdown(root_dir)} yet.")
         return None
     choice = st.selectbox("run", names, key="run_select")
     st.query_params["run"] = choice
@@ -40,10 +40,9 @@ def _apply_box_selection() -> None:
         st.session_state["zoom_lo"], st.session_state["zoom_hi"] = x0, x1
 
 
-def _header(run: str, report: object | None, error: str | None, runs: list[dict]) -> None:
-    info = next((r for r in runs if r["run"] == run), {})
+def _header(run: str, report: object | None, error: str | None, info: dict) -> None:
     health = report.health if report is not None else "error"
-    st.markdown(f"## {views.health_label(health)} &nbsp; {run}")
+    st.markdown(f"## {views.health_label(health)} &nbsp; {escape.markdown(run)}")
     cols = st.columns(4)
     cols[0].metric("last step", f"{info.get('last_step', 0):,}")
     last = info.get("last_update")
@@ -51,7 +50,7 @@ def _header(run: str, report: object | None, error: str | None, runs: list[dict]
     cols[2].metric("tokens", views.human_count(info.get("tokens")))
     cols[3].metric("open findings", len(views.open_findings(report)) if report is not None else "-")
     if error:
-        st.error(f"Could not analyse this run: {error}")
+        st.error(f"Could not analyse this run: {escape.markdown(error)}")
 
 
 def _rollback_card(run: str, report: object, meta: dict) -> None:
@@ -121,8 +120,9 @@ def run_page(root_dir: str) -> None:
     if run is None:
         return
     sig = state.signature(root_dir, run)
-    report, error, _ = state.report_for(root_dir, run)
-    _header(run, report, error, state.load_runs(root_dir, state.signature(root_dir)))
+    report, error, _ = state.report_for(root_dir, run, sig=sig, detail=True)
+    info, unreadable = state.run_summary(root_dir, run, sig)
+    _header(run, report, error or unreadable, info)
     if report is not None:
         _rollback_card(run, report, state.get_store(root_dir).meta(run))
     _charts(root_dir, run, report, sig)
@@ -135,4 +135,4 @@ def run_page(root_dir: str) -> None:
 try:
     run_page(str(state.root()))
 except ValueError as err:
-    st.error(str(err))
+    st.error(escape.markdown(err))

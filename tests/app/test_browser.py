@@ -23,6 +23,7 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
                  "--disable-component-update", "--disable-sync", "--disable-quic", "--no-first-run"]
 
 pytestmark = pytest.mark.browser
+LIVE_STEPS, LIVE_T0 = 150, time.time() - 100
 
 
 def _free_port() -> int:
@@ -33,7 +34,7 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def server(demo_root: Path) -> Iterator[str]:
-    write_jsonl_run(demo_root, "live-run", spike_lines(100, spike_at=-1, t0=time.time() - 100))
+    write_jsonl_run(demo_root, "live-run", spike_lines(LIVE_STEPS, spike_at=-1, t0=LIVE_T0)[:100])
     port = _free_port()
     proc = subprocess.Popen([sys.executable, "-m", "runwatch.app.cli", "dashboard", "--root", str(demo_root),
                              "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -105,7 +106,8 @@ def test_new_flush_appears_without_reload(server: str, page, demo_root: Path) ->
     metric = page.locator('[data-testid="stMetric"]').filter(has_text="last step")
     metric.wait_for(timeout=60_000)
     assert "99" in metric.inner_text()
-    rows = [dict(line, step=line["step"] + 100, time=time.time()) for line in spike_lines(50, spike_at=-1)]
+    # The next flush continues the same curve and clock (a restart from the first loss would be a real spike).
+    rows = spike_lines(LIVE_STEPS, spike_at=-1, t0=LIVE_T0)[100:]
     with StagedWrite(demo_root) as staged:
         staged.add_metrics("live-run", 0, 0, metrics_table(rows))
     deadline = time.time() + 30

@@ -12,7 +12,7 @@ from streamlit.testing.v1 import AppTest
 from runwatch.app.state import ROOT_ENV
 from runwatch.data.record import metrics_table
 from runwatch.data.storage import StagedWrite
-from tests.app.conftest import spike_lines, write_jsonl_run
+from tests.app.conftest import shown, spike_lines, write_jsonl_run
 
 ENTRY = Path(__file__).resolve().parents[2] / "app" / "dashboard.py"
 
@@ -32,7 +32,7 @@ def no_errors(at: AppTest) -> None:
 
 
 def markdown(at: AppTest) -> str:
-    return "\n".join(m.value for m in at.markdown)
+    return shown("\n".join(m.value for m in at.markdown))
 
 
 def test_overview_lists_runs_with_health(monkeypatch: pytest.MonkeyPatch, demo_root: Path) -> None:
@@ -40,7 +40,7 @@ def test_overview_lists_runs_with_health(monkeypatch: pytest.MonkeyPatch, demo_r
     no_errors(at)
     table = at.dataframe(key="overview_table").value
     assert {"demo-diverged", "demo-rollback"} <= set(table["run"])  # the browser test adds a live run
-    health = dict(zip(table["run"], table["health"]))
+    health = dict(zip(table["run"], (h[0] for h in table["health"])))  # a one-item label list per run
     assert health["demo-diverged"] in ("action needed", "stalled")  # an unrecovered loss, then the trainer stopped
     what = dict(zip(table["run"], table["what"]))
     assert "divergence" in what["demo-diverged"]  # caught as such, whichever health the timing shows
@@ -76,12 +76,12 @@ def test_run_page_shows_segments_of_a_rollback(monkeypatch: pytest.MonkeyPatch, 
 def test_run_page_refuses_names_that_leave_the_root(monkeypatch: pytest.MonkeyPatch, demo_root: Path, name: str) -> None:
     at = open_page(monkeypatch, demo_root, "run", run=name)
     assert not at.exception
-    assert any("invalid run name" in e.value for e in at.error)
+    assert any("invalid run name" in shown(e.value) for e in at.error)
 
 
 def test_run_page_unknown_run(monkeypatch: pytest.MonkeyPatch, demo_root: Path) -> None:
     at = open_page(monkeypatch, demo_root, "run", run="no-such-run")
-    assert not at.exception and any("no run named" in w.value for w in at.warning)
+    assert not at.exception and any("no run named" in shown(w.value) for w in at.warning)
 
 
 def test_compare_page(monkeypatch: pytest.MonkeyPatch, demo_root: Path) -> None:
@@ -113,15 +113,15 @@ def test_import_page(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     assert at.selectbox(key="import_format").options == ["auto", *FORMATS]
     at = _import(at, "archive/old.jsonl", "old-run")
     no_errors(at)
-    assert any("Imported 50 rows" in s.value for s in at.success)
+    assert any("Imported 50 rows" in shown(s.value) for s in at.success)
     assert (root / "run=old-run").is_dir()
     at = _import(at, "archive/bad.jsonl", "bad-run")
-    assert any("bad.jsonl:2" in e.value for e in at.error)  # the parser's file:line, shown as is
+    assert any("bad.jsonl:2" in shown(e.value) for e in at.error)  # the parser's file:line, shown as is
     assert not (root / "run=bad-run").exists()
     at = _import(at, "../outside.jsonl", "escaped")
-    assert any("outside the dashboard root" in e.value for e in at.error)
+    assert any("outside the dashboard root" in shown(e.value) for e in at.error)
     at = _import(at, "archive/old.jsonl", "../evil")
-    assert any("invalid run name" in e.value for e in at.error)
+    assert any("invalid run name" in shown(e.value) for e in at.error)
     assert not (tmp_path / "evil").exists() and not (tmp_path / "run=evil").exists()
 
 
@@ -138,7 +138,7 @@ def test_live_update_reaches_the_overview(monkeypatch: pytest.MonkeyPatch, tmp_p
 
 def test_no_root_is_an_error_not_a_crash(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     at = open_page(monkeypatch, tmp_path / "missing", "overview")
-    assert not at.exception and any("no such directory" in e.value for e in at.error)
+    assert not at.exception and any("no such directory" in shown(e.value) for e in at.error)
 
 
 def test_silent_run_turns_stalled_unless_it_said_it_finished(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -155,6 +155,6 @@ def test_silent_run_turns_stalled_unless_it_said_it_finished(monkeypatch: pytest
     at = open_page(monkeypatch, root, "overview")
     no_errors(at)
     table = at.dataframe(key="overview_table").value
-    health = dict(zip(table["run"], table["health"]))
+    health = dict(zip(table["run"], (h[0] for h in table["health"])))  # a one-item label list per run
     assert health["died"] == "stalled"
     assert health["done"] in ("healthy", "watching") and health["archived"] in ("healthy", "watching")

@@ -14,7 +14,7 @@ from runwatch.data.store import Store
 from runwatch.detectors.finding import Finding, Rollback
 from runwatch.app.judge import is_finished
 from runwatch.detectors.advisor import resume_hint
-from tests.app.conftest import spike_lines, write_jsonl_run
+from tests.app.conftest import shown, spike_lines, write_jsonl_run
 
 
 def _finding(kind: str, onset: int, *, open_: bool, severity: str = "warning", needs: bool = False,
@@ -68,7 +68,7 @@ def test_rollback_card_and_resume_command() -> None:
     rb = Rollback(checkpoint_step=250, checkpoint_path="/ckpt/step 250.pt", skip_batches=[251, 300],
                   actions=["lower the learning rate x0.5"], reason="loss diverging from step 291",
                   evidence={"onset_step": 291}, checkpoint_missing=True)
-    text = "\n".join(views.rollback_lines(rb))
+    text = shown("\n".join(views.rollback_lines(rb)))
     assert "step 250" in text and "/ckpt/step 250.pt" in text and "251 – 300" in text
     assert "lower the learning rate" in text and "no longer retained" in text and "diverging" in text
     cmd = views.resume_command("gpt", rb, {"command": "torchrun train.py --cfg a.yaml"})

@@ -1,0 +1,33 @@
+"""The ASGI app ``runwatch dashboard`` serves: Streamlit's ``st.App`` for ``dashboard.py`` behind a host guard.
+
+``serve.py`` runs ``streamlit run asgi.py``; Streamlit finds ``app`` below and
+serves it with its own server. ``auth.HostGuard`` runs before every Streamlit
+route: a request whose ``Host`` is not one this dashboard is reached by, or
+a WebSocket whose ``Origin`` is another site, is refused before Streamlit
+sees it. That is what stops DNS rebinding (a page on evil.example whose name
+now resolves to 127.0.0.1 sends ``Host: evil.example``) and cross-site
+WebSocket hijacking (a page elsewhere opening ``ws://127.0.0.1:8501``).
+Streamlit's own XSRF token and CORS check stay on behind it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import streamlit as st
+from starlette.middleware import Middleware
+
+from runwatch.app.auth import ALLOWED_HOSTS_ENV, HostGuard
+
+
+def allowed_hosts_from_env() -> list[str]:
+    value = os.environ.get(ALLOWED_HOSTS_ENV, "")
+    hosts = [h.strip() for h in value.split(",") if h.strip()]
+    if not hosts:
+        raise RuntimeError(f"{ALLOWED_HOSTS_ENV} is not set: start the dashboard with `runwatch dashboard`")
+    return hosts
+
+
+app = st.App(Path(__file__).resolve().parent / "dashboard.py",
+             middleware=[Middleware(HostGuard, allowed_hosts=allowed_hosts_from_env())])
