@@ -64,33 +64,25 @@ def checkpoint_seconds(checkpoints: list[dict]) -> dict[int, float]:
 
 
 def _diverged(f: Finding, cfg: DetectorConfig) -> bool:
-    """An unrecovered loss jump under a learning rate still raised, or with the gradient norm still up and no
-    passing LR burst to blame: the cause decides the fix (an LR burst that is over is a spike: skip its
-    batches; a raised LR or an instability of the model's own is a divergence: lower the LR)."""
-    if f.kind != "spike" or f.evidence.get("blip"):
-        return False
-    if f.evidence.get("lr_still_raised") and f.self_recovered is not True:
-        return True  # the raised LR that threw it is still there: the fix is the LR
-    if f.self_recovered is not False:
-        return False
-    grad, lr = f.evidence.get("grad_norm_ratio") or 0.0, f.evidence.get("lr_ratio") or 0.0
-    return grad >= cfg.divergence.diverged_grad_ratio and lr < cfg.divergence.diverged_lr_ratio
+    """An unrecovered loss jump under a learning rate still raised: the cause decides the fix (a raised LR is a
+    divergence: lower it; a burst that is over leaves a spike: roll back and skip its batches). A jump that
+    stays up without a raised LR is a spike that did not recover; a divergence is a change in slope
+    (DETECTION.md section 5), which the divergence scanner finds by itself."""
+    return (f.kind == "spike" and not f.evidence.get("blip") and f.self_recovered is not True
+            and bool(f.evidence.get("lr_still_raised")))
 
 
 def _as_divergence(f: Finding, cfg: DetectorConfig) -> Finding:
     """The fix for such a jump is the learning rate, not a data skip alone: call it a divergence."""
     grad, lr = f.evidence.get("grad_norm_ratio"), f.evidence.get("lr_ratio")
-    why = [f"gradient norm x{grad:.2g}" for _ in [0] if grad and grad >= cfg.divergence.diverged_grad_ratio]
-    why += [f"learning rate x{lr:.2g}" for _ in [0] if lr and lr >= cfg.divergence.diverged_lr_ratio
-            and f.evidence.get("lr_still_raised")]
+    why = [f"learning rate x{lr:.2g}"] + [f"gradient norm x{grad:.2g}" for _ in [0] if grad and grad >= 1.5]
     # A divergence begins where the trend broke: the gradient or activation norm growing into the jump.
     onset = min(f.onset_step, f.evidence.get("trend_break_step") or f.onset_step)
     message = (f"loss diverged from step {onset}: jumped {f.evidence['baseline_loss']:.4g} -> "
                f"{fmt_value(f.evidence['peak_loss'])} and stayed up ({', '.join(why)})")
     if onset < f.onset_step:
         message += f"; the gradient or activation norm began growing at {onset}, the loss jumped at {f.onset_step}"
-    if f.evidence.get("lr_still_raised"):
-        message += "; the learning rate jumped at the onset and is still up"
+    message += "; the learning rate jumped at the onset and is still up"
     return dataclasses.replace(f, kind="divergence", message=message, self_recovered=False, needs_action=True,
                                severity="critical", onset_step=onset,
                                evidence={**f.evidence, "from_spike": True, "loss_climb_step": f.onset_step})
@@ -104,8 +96,7 @@ def overlaps(a: Finding, b: Finding) -> bool:
 def merge_overlaps(findings: list[Finding], cfg: DetectorConfig = DEFAULT) -> list[Finding]:
     """One incident, one finding.
 
-    An unrecovered spike with gradient norms still ``diverged_grad_ratio`` x up,
-    or under a learning rate raised ``diverged_lr_ratio`` x, is a divergence.
+    An unrecovered spike under a learning rate still raised is a divergence.
     Unrecovered loss findings that overlap a divergence merge into it (earliest
     onset); a 'divergence' that came back down inside a spike was that spike.
     A NaN after a divergence stays its own finding: it changes the advice

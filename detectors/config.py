@@ -141,13 +141,6 @@ class DivergenceConfig:
     """Activation norm x3 ..."""
     precursor_grad: float = 2.0
     """... with gradient norm x2 on an accelerating climb: divergence before the loss moves (OPT's precursor)."""
-    diverged_grad_ratio: float = 1.5
-    """An unrecovered spike with the gradient norm still this much above its baseline, and no passing LR burst
-    to blame, is a divergence (an instability of the model's own)."""
-    diverged_lr_ratio: float = 1.5
-    """An LR this much above its level before the onset: still raised at the end, it makes an unrecovered spike
-    a divergence (the fix is the LR); a burst that is over makes it a spike (skip its batches)."""
-
     def __post_init__(self) -> None:
         _check(self.min_rise > 0 and self.z_rise > 0, "min_rise and z_rise must be > 0")
         _check(self.rising_blocks >= 2, "rising_blocks must be >= 2")

@@ -121,7 +121,10 @@ class SpikeScanner:
         with np.errstate(invalid="ignore", divide="ignore"):
             ext_l = np.where(warm, (loss[lo:n] - level) / total_l, (loss[lo:n] - level) / scale)
             ext_g = np.where(warm, (self.log_grad.view[lo:n] - glevel) / total_g, (self.log_grad.view[lo:n] - glevel) / gscale)
-        elevated = (np.nan_to_num(ext_l, nan=-np.inf) > self.cfg.z_band) | (np.nan_to_num(ext_g, nan=-np.inf) > self.cfg.z_band)
+        # Cold (no noise model yet), nothing is judged out of band: the onset is the trigger itself (a warm-up's
+        # trend is far past a cold scale for dozens of observations and would carry the onset back to them).
+        elevated = warm & ((np.nan_to_num(ext_l, nan=-np.inf) > self.cfg.z_band)
+                           | (np.nan_to_num(ext_g, nan=-np.inf) > self.cfg.z_band))
         if not elevated.any():
             return (*cols, warm, elevated)
         idx = np.arange(n - lo)
@@ -371,8 +374,10 @@ def _lr_story(lr: np.ndarray, onset: int, end: int, history: int, patience: int)
                 "lr_scheduled": False}
     lr_before, lr_cause = float(np.median(before)), float(cause.max())
     ratio = lr_cause / lr_before
-    after = lr[end:end + 1]
-    still = bool(ratio >= 1.5 and len(after) and np.isfinite(after[0]) and after[0] >= 1.5 * lr_before)
+    # Still raised: over the episode, not at its last row only (a schedule's warm restart may land there).
+    during = lr[onset:end + 1]
+    during = during[np.isfinite(during)]
+    still = bool(ratio >= 1.5 and len(during) and float(np.median(during)) >= 1.5 * lr_before)
     window = lr[max(history, onset - 17):onset + 1]
     rise = np.flatnonzero(np.isfinite(window) & (window >= 1.5 * lr_before))
     rise_at = max(history, onset - 17) + int(rise[0]) if len(rise) else onset
