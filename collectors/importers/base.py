@@ -150,39 +150,45 @@ class _EventPlacer:
     """Which partition each event lands in, from the rows around it (resolved once they are known)."""
 
     def __init__(self) -> None:
-        self.waiting: list[dict] = []  # events placed by the segment of the next row, not seen yet
+        self.waiting: list[tuple[int, dict]] = []  # placed by the segment of the next row, not seen yet
         self.prev_segment: int | None = None
-        self.by_part: dict[tuple[int, int], list[dict]] = {}
+        self._landed: dict[tuple[int, int], list[tuple[int, dict]]] = {}
         self.num_events = 0
 
-    def _land(self, ev: dict, seg: int) -> None:
+    def _land(self, order: int, ev: dict, seg: int) -> None:
         rank = int(ev.get("rank") or 0)
         clean = {k: v for k, v in ev.items() if k not in ("row_index", "segment", "rank")}
-        self.by_part.setdefault((seg, rank), []).append(clean)
+        self._landed.setdefault((seg, rank), []).append((order, clean))
+
+    @property
+    def by_part(self) -> dict[tuple[int, int], list[dict]]:
+        """Events per (segment, rank), in file order whenever each was placed."""
+        return {part: [ev for _, ev in sorted(evs, key=lambda e: e[0])] for part, evs in self._landed.items()}
 
     def add(self, events: list[dict], segments: np.ndarray) -> None:
         """Place a chunk's events; ``segments`` are the chunk's rows' segments."""
         n = len(segments)
         if n and self.waiting:
-            for ev in self.waiting:
-                self._land(ev, int(segments[0]))
+            for order, ev in self.waiting:
+                self._land(order, ev, int(segments[0]))
             self.waiting = []
         for ev in events:
+            order = self.num_events
             self.num_events += 1
             pos = min(int(ev.get("row_index", n)), n)
             own = ev.get("segment") is not None
             if not own and pos == 0 and self.prev_segment is not None and ev["event"] != "resume":
-                self._land(ev, self.prev_segment)  # the row before it came in an earlier chunk
+                self._land(order, ev, self.prev_segment)  # the row before it came in an earlier chunk
             elif not own and pos == n and (ev["event"] == "resume" or n == 0):
-                self.waiting.append(ev)  # placed by the next row, which comes in a later chunk
+                self.waiting.append((order, ev))  # placed by the next row, which comes in a later chunk
             else:
-                self._land(ev, event_segment(ev, segments))
+                self._land(order, ev, event_segment(ev, segments))
         if n:
             self.prev_segment = int(segments[-1])
 
     def finish(self) -> None:
-        for ev in self.waiting:  # nothing followed: the event opens the next segment
-            self._land(ev, self.prev_segment + 1 if self.prev_segment is not None else 0)
+        for order, ev in self.waiting:  # nothing followed: the event opens the next segment
+            self._land(order, ev, self.prev_segment + 1 if self.prev_segment is not None else 0)
         self.waiting = []
 
 
@@ -300,8 +306,9 @@ def _write_chunks(staged: StagedRun, chunks: Iterable[ParsedLog], source: str | 
         raise ValueError(f"{source + ': ' if source else ''}nothing to import: expected at least one metric line"
                          + skipped)
     events.finish()
-    for (seg, rank), evs in sorted(events.by_part.items()):
+    by_part = events.by_part
+    for (seg, rank), evs in sorted(by_part.items()):
         staged.add_events(seg, rank, evs)
     totals.num_events = events.num_events
-    totals.segments.update(seg for seg, _ in events.by_part)
+    totals.segments.update(seg for seg, _ in by_part)
     return totals

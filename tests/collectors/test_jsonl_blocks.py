@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from runwatch.collectors.importers import jsonl
@@ -61,8 +61,10 @@ def _stored(root: Path, path: Path, block_bytes: int) -> tuple[list[str], list[s
     return rows, events
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(lines=_lines(), block_bytes=st.sampled_from([1, 64, 300, 4096]))
+@example(lines=['{"step": 0, "rank": 1}', '{"event": "resume", "step": 0, "checkpoint": "c/0"}',
+                '{"event": "checkpoint", "step": 0}', '{"step": 0, "loss": 1.0, "rank": 0}'], block_bytes=1)
 def test_any_block_size_lands_the_same_run(tmp_path_factory: pytest.TempPathFactory, lines: list[str],
                                            block_bytes: int) -> None:
     base = tmp_path_factory.mktemp("blocks")
