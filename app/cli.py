@@ -1,8 +1,10 @@
 """The ``runwatch`` command line.
 
 Each subcommand parses into plain arguments and calls one function; errors in
-user input (bad paths, bad logs, bad names) print one line and exit 2, never a
-traceback.
+user input (bad paths, bad logs, bad names), unreadable data and a busy run
+print one line and exit 2, never a traceback (exit 1 is reserved for
+"action needed" from ``check``). ``RUNWATCH_DEBUG=1`` shows the traceback of
+an unexpected error.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import json
 import os
 import sys
 import time
+import warnings
 from collections.abc import Sequence
 
 from runwatch.app.escape import terminal
@@ -53,31 +56,39 @@ def _cmd_runs(args: argparse.Namespace) -> int:
     with Store(args.root) as store:
         table = store.runs()
     rows = table.to_pylist()
+    errors = [r["error"] for r in rows if r["error"]]
+    for error in errors:  # every other run still lists; the broken one is named with its file
+        print(f"runwatch: error: {one_line(error)}", file=sys.stderr)
     if args.json:
         print(json.dumps(rows, default=str))
-        return EXIT_OK
+        return EXIT_USAGE if errors else EXIT_OK
     if not rows:
         print(f"no runs under {args.root}")
         return EXIT_OK
     now = time.time()
     header = ("run", "last step", "segments", "ranks", "rows", "tokens", "updated")
     lines = [header] + [
-        (r["run"], str(r["last_step"]), str(r["num_segments"]), str(r["num_ranks"]), str(r["num_rows"]),
-         "-" if r["tokens"] is None else f"{r['tokens']:,}", _ago(None if r["last_update"] is None else now - r["last_update"]))
+        (r["run"], "unreadable" if r["error"] else str(r["last_step"]), str(r["num_segments"]),
+         str(r["num_ranks"]), str(r["num_rows"]), "-" if r["tokens"] is None else f"{r['tokens']:,}",
+         _ago(None if r["last_update"] is None else now - r["last_update"]))
         for r in rows
     ]
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     for line in lines:
         print("  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip())
-    return EXIT_OK
+    return EXIT_USAGE if errors else EXIT_OK
 
 
 def _cmd_compact(args: argparse.Namespace) -> int:
     from runwatch.data import compact
 
-    counts = compact(args.root, args.run)
-    print(f"compacted {counts['files_before']} files into {counts['files_after']}")
-    return EXIT_OK
+    result = compact(args.root, args.run)
+    print(f"compacted {result.files_before} files into {result.files_after}"
+          + (f" ({result.live_partitions} partitions still being written were left as they are)"
+             if result.live_partitions else ""))
+    for line in result.busy:
+        print(f"runwatch: error: {line}", file=sys.stderr)
+    return EXIT_USAGE if result.busy else EXIT_OK
 
 
 def _delegate(module: str, function: str = "main"):
@@ -143,20 +154,36 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def one_line(text: object) -> str:
+    """An error as one terminal line: line breaks folded, control characters escaped (file text is data)."""
+    return terminal(" ".join(str(text).split()))
+
+
+def _warning_line(message: Warning | str, *_: object, **__: object) -> str:
+    return one_line(message) + "\n"  # warnings too are one line on a terminal
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    warnings.formatwarning = _warning_line
     try:
         return args.func(args)
     except BrokenPipeError:  # `runwatch runs | head`: the reader left, nothing is wrong
         # Point stdout at devnull so the flush at exit does not raise again (Python's documented recipe).
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK
-    except (ValueError, OSError, RuntimeError) as err:
-        # Bad input or a data error: one clear line, no traceback.
-        print(f"runwatch: error: {terminal(err)}", file=sys.stderr)  # errors quote log lines: escaped
+    except (ValueError, OSError, RuntimeError, ArithmeticError) as err:
+        # Bad input, a data error or a busy run: one clear line, no traceback (errors quote log lines: escaped).
+        print(f"runwatch: error: {one_line(err)}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
+    except Exception as err:  # a bug: still one line and exit 2, never exit 1 ("action needed")
+        if os.environ.get("RUNWATCH_DEBUG"):
+            raise
+        print(f"runwatch: error: unexpected {type(err).__name__}: {one_line(err)} "
+              "(set RUNWATCH_DEBUG=1 for the traceback)", file=sys.stderr)
+        return EXIT_USAGE
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ from runwatch.collectors.buffer import StepBuffer
 from runwatch.collectors.plan import FIELD_NAMES, StepPlan
 from runwatch.collectors.signals import ScalerReader, fused_grad_norm, register_activation_hook
 from runwatch.collectors.writer import BackgroundWriter, EventsBatch, MetricsBatch, RunMetaUpdate
+from runwatch.data.locks import PartitionClaim, claim_partition
 from runwatch.data.storage import check_run_name, run_dir
 
 _USER_EVENT_KINDS = ("config", "note")
@@ -91,6 +92,24 @@ def next_segment(root: str | Path, run: str, rank: int) -> int:
     return max(used) + 1 if used else 0
 
 
+def claim_segment(root: str | Path, run: str, rank: int) -> tuple[PartitionClaim | None, str | None]:
+    """Claim the rank's next free segment (its directory, created atomically). Never raises.
+
+    Returns the claim, or None when the root cannot be written (the writer
+    reports that on its first flush), and a warning when another live writer
+    records the same run and rank: this one then writes the next segment
+    instead of interleaving rows with it.
+    """
+    try:
+        claim = claim_partition(root, run, rank, next_segment(root, run, rank))
+    except OSError:
+        return None, None
+    if not claim.others:
+        return claim, None
+    return claim, (f"another live writer records run {run!r} rank {rank} ({claim.others[-1].describe()}); "
+                   f"this monitor writes segment {claim.segment} of its own")
+
+
 def _path_bytes(path: Path) -> int | None:
     if path.is_file():
         return path.stat().st_size
@@ -131,7 +150,8 @@ class Monitor:
             raise ValueError(f"skip_batches must be (first, last), got {skip_batches!r}")
         detected_rank, self.world_size = detect_rank()
         self.rank = detected_rank if rank is None else rank
-        self.segment = next_segment(self.root, self.run, self.rank)
+        claim, claim_warning = claim_segment(self.root, self.run, self.rank)
+        self.segment = claim.segment if claim is not None else next_segment(self.root, self.run, self.rank)
         self._params = list(model.parameters()) if model is not None else []
         device = self._params[0].device if self._params else None
         self._scaler = ScalerReader(scaler) if scaler is not None else None
@@ -143,7 +163,11 @@ class Monitor:
         self._warned = False
         self._closed = False
         self._last_flush = time.monotonic()
-        self._writer = BackgroundWriter(self.root, max_queue=self.config.max_queue)
+        self._writer = BackgroundWriter(self.root, max_queue=self.config.max_queue, claim=claim)
+        if claim_warning is not None or claim is None:
+            self._num_errors += 1  # without a claim the writer's first failed flush says why
+        if claim_warning is not None:
+            warnings.warn(f"runwatch: {claim_warning}", RuntimeWarning, stacklevel=2)
         self._pending = _Pending(self.run, self.segment, self.rank, self._writer)
         if device is not None:
             self._pending.buffer = self._new_buffer(device)

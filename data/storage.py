@@ -4,9 +4,36 @@
     ROOT/run=<id>/segment=<k>/rank=<r>/metrics-<seq>.parquet per-step rows
     ROOT/run=<id>/segment=<k>/rank=<r>/events-<seq>.jsonl    checkpoint/resume/config/note
 
-Every file is written whole under a hidden temporary name and renamed into
-place, so a reader never sees a partial file. Events are JSON Lines rather than
-Parquet so that ``read_parquet('ROOT/**/*.parquet')`` returns metrics only.
+Events are JSON Lines rather than Parquet so that ``read_parquet('ROOT/**/*.parquet')``
+returns metrics only.
+
+How readers never see a partial or mixed state (the reliability design):
+
+* One file: written whole under a hidden temporary name (``.<name>.tmp-<hex>``,
+  no ``.parquet`` suffix, so no glob matches it), fsynced, renamed into place.
+  This is how a ``Monitor`` publishes each flush. A writer killed mid-file
+  leaves an orphan temporary file that every reader ignores (``data_files``
+  lists only the committed layout) and ``compact`` or ``--replace`` deletes.
+* Many files at once (an import, ``--replace``, ``compact``): the new tree of
+  the run, or of one partition, is built whole in a staging directory beside
+  the root (``staging.py``) and switched in with one ``renameat2(RENAME_EXCHANGE)``
+  (or one ``rename`` when nothing was there), then the old tree, which the
+  exchange moved into staging, is deleted. Staging lives *beside* the root
+  because DuckDB's ``**`` descends into hidden directories (a staged copy
+  inside the root would be read, twice or with a Hive-key mismatch) and does
+  not follow symlinked directories (a symlink swap would hide the run from
+  ``read_parquet('ROOT/**/*.parquet')``); both were checked with DuckDB 2.0.
+  A crash before the exchange leaves the old tree, after it the new one; the
+  next writer of the run deletes what staging still holds. Where the
+  filesystem has no exchange (NFS, some parallel filesystems), the old tree is
+  moved into staging first and the new one in next, with a marker: readers may
+  see the run missing for that instant (never mixed), and the next writer
+  finishes a switch a crash interrupted.
+* Who may write: run-level writers hold the run's lock and ``Monitor``s claim
+  their own partition (``locks.py``); ``compact`` skips partitions whose
+  ``Monitor`` is alive, ``--replace`` refuses a run that has one.
+* Readers (``store.py``) list the committed layout only and list again when
+  a file they listed was switched away before they read it.
 """
 
 from __future__ import annotations
@@ -58,21 +85,21 @@ def _temp_path(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
 
 
-def _write_parquet_synced(table: pa.Table, path: Path) -> None:
+def write_parquet_synced(table: pa.Table, path: Path) -> None:
     with open(path, "wb") as f:
         pq.write_table(table, f, compression="zstd")
         f.flush()
         os.fsync(f.fileno())  # the bytes are on disk before the rename publishes them
 
 
-def _write_bytes_synced(data: bytes, path: Path) -> None:
+def write_bytes_synced(data: bytes, path: Path) -> None:
     with open(path, "wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
 
 
-def _fsync_dir(directory: Path) -> None:
+def fsync_dir(directory: Path) -> None:
     """Make renames into ``directory`` durable (a no-op where directories cannot be opened)."""
     try:
         fd = os.open(directory, os.O_RDONLY)
@@ -91,7 +118,7 @@ def _publish(path: Path, write: Callable[[Path], None]) -> Path:
     try:
         write(tmp)
         os.replace(tmp, path)
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
     finally:
         tmp.unlink(missing_ok=True)
     return path
@@ -99,11 +126,11 @@ def _publish(path: Path, write: Callable[[Path], None]) -> Path:
 
 def write_parquet_atomic(table: pa.Table, path: Path) -> Path:
     """Write ``table`` to ``path`` whole: temporary name, fsync, rename."""
-    return _publish(path, lambda tmp: _write_parquet_synced(table, tmp))
+    return _publish(path, lambda tmp: write_parquet_synced(table, tmp))
 
 
 def write_bytes_atomic(data: bytes, path: Path) -> Path:
-    return _publish(path, lambda tmp: _write_bytes_synced(data, tmp))
+    return _publish(path, lambda tmp: write_bytes_synced(data, tmp))
 
 
 def events_jsonl(events: Iterable[Mapping[str, object]]) -> bytes:
@@ -122,10 +149,13 @@ def events_jsonl(events: Iterable[Mapping[str, object]]) -> bytes:
 
 
 class StagedWrite:
-    """Files staged under temporary names and renamed into place together.
+    """Files staged under temporary names in their final directories, renamed into place on success.
 
-    Used as a context manager: on success every staged file appears, on an
-    exception none does. This is how an import lands all-or-nothing.
+    Used as a context manager: on an exception no staged file appears. The
+    renames at commit are one per file, so a crash in the middle of a commit
+    can publish some of them: use it for one file (run metadata) or for
+    tests; an import lands through ``staging.StagedRun``, which switches a
+    whole tree at once.
     """
 
     def __init__(self, root: str | Path) -> None:
@@ -151,21 +181,21 @@ class StagedWrite:
     def add_metrics(self, run: str, segment: int, rank: int, table: pa.Table) -> Path:
         final = partition_dir(self.root, run, segment, rank) / part_name("metrics", "parquet")
         table = conform_metrics(table)
-        return self._stage(final, lambda p: _write_parquet_synced(table, p))
+        return self._stage(final, lambda p: write_parquet_synced(table, p))
 
     def add_events(self, run: str, segment: int, rank: int, events: Iterable[Mapping[str, object]]) -> Path | None:
         data = events_jsonl(events)
         if not data:
             return None
         final = partition_dir(self.root, run, segment, rank) / part_name("events", "jsonl")
-        return self._stage(final, lambda p: _write_bytes_synced(data, p))
+        return self._stage(final, lambda p: write_bytes_synced(data, p))
 
     def add_run_meta(self, run: str, meta: Mapping[str, object]) -> Path:
         final = run_dir(self.root, run) / RUN_META
         merged = {**read_run_meta(self.root, run), **meta, "run": run, "schema_version": SCHEMA_VERSION}
         merged.setdefault("created", time.time())
         data = json.dumps(merged, indent=1, default=str).encode()
-        return self._stage(final, lambda p: _write_bytes_synced(data, p))
+        return self._stage(final, lambda p: write_bytes_synced(data, p))
 
     def commit(self) -> list[Path]:
         done = []
@@ -173,7 +203,7 @@ class StagedWrite:
             os.replace(tmp, final)
             done.append(final)
         for directory in {p.parent for p in done}:
-            _fsync_dir(directory)
+            fsync_dir(directory)
         self._moves = []
         return done
 
@@ -194,7 +224,8 @@ def read_run_meta(root: str | Path, run: str) -> dict:
 
 
 def run_exists(root: str | Path, run: str) -> bool:
-    return run_dir(root, run).is_dir()
+    """True when the run has committed data (metrics or events): a directory alone is an empty shell."""
+    return bool(data_files(root, run, "metrics") or data_files(root, run, "events"))
 
 
 def list_runs(root: str | Path) -> list[str]:
@@ -205,42 +236,18 @@ def list_runs(root: str | Path) -> list[str]:
 
 
 def data_files(root: str | Path, run: str | None = None, kind: str = "metrics") -> list[Path]:
-    """Committed files of one kind ('metrics' or 'events'), oldest first per partition."""
-    ext = "parquet" if kind == "metrics" else "jsonl"
-    base = run_dir(root, run) if run is not None else Path(root)
-    return sorted(base.glob(f"**/{kind}-*.{ext}"))
+    """Committed files of one kind ('metrics' or 'events'), oldest first per partition.
 
-
-def compact(root: str | Path, run: str | None = None) -> dict[str, int]:
-    """Merge the small parts of each partition into one file; query results are unchanged.
-
-    Rows keep their write order. The merged file is renamed into place before
-    the parts are deleted, so a crash in between leaves duplicates that a
-    second ``compact`` cannot tell apart; it never loses rows.
+    Only the committed layout counts: temporary files (hidden, other suffix)
+    and anything staged elsewhere are never listed.
     """
-    root = Path(root)
-    if not root.is_dir():
-        raise ValueError(f"{root}: no such directory (expected a runwatch root)")
-    if run is not None and not run_exists(root, run):
-        raise ValueError(f"no run {run!r} under {root}")
-    runs = [run] if run is not None else list_runs(root)
-    num_before = num_after = 0
-    for name in runs:
-        partitions: dict[Path, list[Path]] = {}
-        for path in data_files(root, name, "metrics") + data_files(root, name, "events"):
-            partitions.setdefault((path.parent, path.name.split("-", 1)[0]), []).append(path)
-        for (directory, kind), parts in partitions.items():
-            num_before += len(parts)
-            num_after += 1
-            if len(parts) < 2:
-                continue
-            if kind == "metrics":
-                tables = [pq.read_table(p) for p in parts]
-                merged = pa.concat_tables(tables, promote_options="permissive")
-                write_parquet_atomic(conform_metrics(merged), directory / part_name("metrics", "parquet"))
-            else:
-                data = b"".join(p.read_bytes() for p in parts)
-                write_bytes_atomic(data, directory / part_name("events", "jsonl"))
-            for p in parts:
-                p.unlink()
-    return {"files_before": num_before, "files_after": num_after}
+    ext = "parquet" if kind == "metrics" else "jsonl"
+    pattern = f"segment=*/rank=*/{kind}-*.{ext}"
+    if run is not None:
+        return sorted(run_dir(root, run).glob(pattern))
+    return sorted(Path(root).glob(f"run=*/{pattern}"))
+
+
+def temp_files(directory: Path) -> list[Path]:
+    """Temporary files a writer left in ``directory`` (orphans once that writer is gone)."""
+    return [p for p in directory.glob(".*.tmp-*") if p.is_file()]

@@ -1,20 +1,30 @@
 """The store: DuckDB over the Parquet tree, answering what detectors and the dashboard ask.
 
-Every query reads the committed files directly (no cache to go stale), binds
-values as parameters, and returns Arrow tables. SQL text lives in the module
-constants below; the only interpolated identifier is a metric column name,
-checked against the files' own schema and quoted by ``quote_ident``.
+Every query reads the committed files directly, binds values as parameters,
+and returns Arrow tables. SQL text lives in the module constants below; the
+only interpolated identifier is a metric column name, checked against the
+files' own schema and quoted by ``quote_ident``.
+
+Writers switch whole trees in while we read (``compact``, ``--replace``): a
+query whose listed files were switched away lists them again, and a call whose
+run directory was exchanged under it runs again, so a caller sees the old run
+or the new one, never a mix and never an error. One unreadable file fails only
+its own run: ``runs()`` summarises each run on its own and reports the failure
+in that run's ``error`` column.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from runwatch.data.record import EVENTS_SCHEMA, resume_steps_of, segment_cuts
 from runwatch.data.storage import data_files, list_runs, read_run_meta, run_dir
@@ -29,6 +39,33 @@ def query_arrow(con: duckdb.DuckDBPyConnection, sql: str, params: dict) -> pa.Ta
 
 class StoreError(RuntimeError):
     """A query over the store failed (unreadable file, bad column)."""
+
+
+_ATTEMPTS = 5
+"""How often a read is retried when a writer switched the files under it (each switch is one rename)."""
+
+RUNS_SCHEMA = pa.schema([
+    pa.field("run", pa.string()), pa.field("first_step", pa.int64()), pa.field("last_step", pa.int64()),
+    pa.field("num_segments", pa.int64()), pa.field("num_ranks", pa.int64()), pa.field("last_time", pa.float64()),
+    pa.field("tokens", pa.int64()), pa.field("num_rows", pa.int64()), pa.field("last_update", pa.float64()),
+    pa.field("error", pa.string()),
+])
+"""``Store.runs()``: one row per run; ``error`` is null, or why the run cannot be read (naming the file)."""
+
+
+def _consistent(method: Callable) -> Callable:
+    """Run ``method(self, run, ...)`` again when the run's directory was switched while it ran."""
+
+    @functools.wraps(method)
+    def wrapper(self: "Store", run: str, *args: object, **kwargs: object) -> object:
+        for _ in range(_ATTEMPTS):
+            before = self._generation(run)
+            result = method(self, run, *args, **kwargs)
+            if self._generation(run) == before:
+                return result
+        return result
+
+    return wrapper
 
 
 def quote_ident(name: str) -> str:
@@ -93,6 +130,49 @@ WINDOW w AS (PARTITION BY m.segment ORDER BY m.step)
 """
 
 
+def unreadable(run: str, files: list[str], err: Exception) -> str:
+    """One line saying why ``run`` cannot be read, naming the first file Parquet itself rejects."""
+    for f in files:
+        try:
+            pq.read_metadata(f)
+        except FileNotFoundError:
+            continue
+        except (OSError, pa.ArrowException) as bad:
+            return f"run {run!r}: cannot read {f}: {_one_line(bad)}"
+    return f"run {run!r}: query failed: {_one_line(err)}"
+
+
+def _key(stats: list[tuple[str, os.stat_result]]) -> tuple:
+    """What identifies a run's files: a new, removed, rewritten or switched file changes it."""
+    return tuple((f, st.st_ino, st.st_size, st.st_mtime_ns) for f, st in stats)
+
+
+def _one_line(err: Exception) -> str:
+    return " ".join(str(err).split())
+
+
+def _read_events(path: Path) -> list[dict]:
+    """The events of one JSONL part; a malformed line is a ``StoreError`` naming path:line."""
+    segment = int(path.parent.parent.name.split("=", 1)[1])
+    rank = int(path.parent.name.split("=", 1)[1])
+    records = []
+    for lineno, line in enumerate(path.read_bytes().decode("utf-8", errors="replace").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            ev = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise StoreError(f"{path}:{lineno}: not a JSON event ({err})") from err
+        if not (isinstance(ev, dict) and isinstance(ev.get("event"), str) and isinstance(ev.get("step"), int)
+                and not isinstance(ev.get("step"), bool)):
+            raise StoreError(f"{path}:{lineno}: expected an event object with 'event' and an integer 'step'")
+        time_ = ev.get("time")
+        records.append({"segment": segment, "rank": rank, "event": ev["event"], "step": ev["step"],
+                        "time": time_ if isinstance(time_, (int, float)) and not isinstance(time_, bool) else None,
+                        "payload": json.dumps(ev.get("payload") or {})})
+    return records
+
+
 class Store:
     """Read-only view of one runwatch root."""
 
@@ -101,6 +181,7 @@ class Store:
         if not self.root.is_dir():
             raise ValueError(f"{self.root}: no such directory (expected a runwatch root)")
         self._con = duckdb.connect(":memory:")
+        self._summaries: dict[str, tuple[tuple, dict]] = {}
 
     def close(self) -> None:
         self._con.close()
@@ -117,6 +198,26 @@ class Store:
         except duckdb.Error as err:
             raise StoreError(f"query over {self.root} failed: {err}") from err
 
+    def _query_run(self, sql: str, run: str, params: dict | None = None) -> pa.Table:
+        """``sql`` over the run's files (bound as ``$files``); listed again if a writer switched them away."""
+        for attempt in range(_ATTEMPTS):
+            files = self._run_files(run)
+            try:
+                return query_arrow(self._con.cursor(), sql, {"files": files, **(params or {})})
+            except duckdb.Error as err:
+                if attempt + 1 < _ATTEMPTS and not all(os.path.exists(f) for f in files):
+                    continue  # compact or --replace switched the tree between listing and reading
+                raise StoreError(unreadable(run, files, err)) from err
+        raise AssertionError("unreachable")
+
+    def _generation(self, run: str) -> tuple[int, int] | None:
+        """Identity of the run's directory: a whole-run switch (``--replace``) changes it."""
+        try:
+            st = os.stat(run_dir(self.root, run))
+        except FileNotFoundError:
+            return None
+        return st.st_dev, st.st_ino
+
     def _files(self, run: str | None = None) -> list[str]:
         return [str(p) for p in data_files(self.root, run, "metrics")]
 
@@ -124,17 +225,59 @@ class Store:
         return list_runs(self.root)
 
     def runs(self) -> pa.Table:
-        """One row per run: step range, segments, ranks, last time, tokens, rows, last file update."""
-        files = self._files()
-        if not files:
-            return pa.table({"run": pa.array([], pa.string())})
-        table = self._query(_RUNS_SQL, {"files": files})
-        updated = [self.last_update(r) for r in table["run"].to_pylist()]
-        return table.append_column("last_update", pa.array(updated, pa.float64()))
+        """One row per run with metrics (``RUNS_SCHEMA``): step range, segments, ranks, last time,
+        tokens, rows, last file update, and ``error`` when the run cannot be read.
+
+        A summary is reused while the run's files (names, sizes, mtimes) are
+        unchanged. The changed runs are summarised in one query when that
+        succeeds; when it fails, each on its own, so a corrupt file fails only
+        its run.
+        """
+        stats = {run: st for run in self.run_names() if (st := self._stats(run))}
+        stale = [run for run, st in stats.items() if self._summaries.get(run, (None,))[0] != _key(st)]
+        if len(stale) > 1:
+            self._summarise_together(stale, stats)
+        for run in stale:
+            if self._summaries.get(run, (None,))[0] != _key(stats[run]):
+                self._summarise(run, stats[run])
+        return pa.Table.from_pylist([self._summaries[run][1] for run in stats], schema=RUNS_SCHEMA)
+
+    def _stats(self, run: str) -> list[tuple[str, os.stat_result]]:
+        for _ in range(_ATTEMPTS):
+            try:
+                return [(f, os.stat(f)) for f in self._files(run)]
+            except FileNotFoundError:
+                continue  # a switch between listing and stat: list again
+        return []
+
+    def _summarise_together(self, runs: list[str], stats: dict[str, list]) -> None:
+        """Summaries of several runs from one query; on any failure none is kept (each is then tried alone)."""
+        try:
+            table = query_arrow(self._con.cursor(), _RUNS_SQL, {"files": [f for r in runs for f, _ in stats[r]]})
+        except duckdb.Error:
+            return
+        for row in table.to_pylist():
+            run = row["run"]
+            if run in stats:
+                row.update(error=None, last_update=max(st.st_mtime for _, st in stats[run]))
+                self._summaries[run] = (_key(stats[run]), row)
+
+    def _summarise(self, run: str, stats: list[tuple[str, os.stat_result]]) -> None:
+        try:
+            row = {**self._query_run(_RUNS_SQL, run).to_pylist()[0], "run": run, "error": None}
+        except StoreError as err:
+            row = {"run": run, "error": str(err)}
+        row["last_update"] = max(st.st_mtime for _, st in stats)
+        self._summaries[run] = (_key(stats), row)
 
     def last_update(self, run: str) -> float | None:
         """Modification time of the run's newest file (a cheap liveness signal)."""
-        mtimes = [os.stat(p).st_mtime for p in self._files(run)]
+        mtimes = []
+        for f in self._files(run):
+            try:
+                mtimes.append(os.stat(f).st_mtime)
+            except FileNotFoundError:
+                continue  # switched away by compact: its replacement is listed too, or will be
         return max(mtimes) if mtimes else None
 
     def meta(self, run: str) -> dict:
@@ -149,16 +292,17 @@ class Store:
             raise ValueError(f"run {run!r} has no metrics under {self.root}")
         return files
 
+    @_consistent
     def segments(self, run: str) -> pa.Table:
         """Each segment's step and time range, and ``abandoned_from``: the first of its steps a later
         segment replaced (``segment_cuts``), or null."""
-        table = self._query(_SEGMENTS_SQL, {"files": self._run_files(run)})
+        table = self._query_run(_SEGMENTS_SQL, run)
         cuts = self._cuts(run, table)
         return table.append_column("abandoned_from", pa.array([cuts[s] for s in table["segment"].to_pylist()],
                                                               pa.int64()))
 
     def _cuts(self, run: str, segments: pa.Table | None = None) -> dict[int, int | None]:
-        segments = self._query(_SEGMENTS_SQL, {"files": self._run_files(run)}) if segments is None else segments
+        segments = self._query_run(_SEGMENTS_SQL, run) if segments is None else segments
         seg = segments["segment"].to_pylist()
         return segment_cuts(dict(zip(seg, segments["first_step"].to_pylist())),
                             dict(zip(seg, segments["last_step"].to_pylist())),
@@ -168,14 +312,15 @@ class Store:
         cuts = {seg: cut for seg, cut in self._cuts(run).items() if cut is not None}
         return {"cut_segments": list(cuts), "cut_steps": list(cuts.values())}
 
+    @_consistent
     def rows(self, run: str, rank: int | None = 0, lo: int | None = None, hi: int | None = None) -> pa.Table:
         """All rows of a run (all segments), with ``segment``, ``rank`` and ``main``.
 
         ``main`` is true where the row is on the main line: no later segment
         replaced it (``segment_cuts``: a resume from step s replaces the rows after s). ``rank=None`` returns every rank.
         """
-        params = {"files": self._run_files(run), "rank": rank, "lo": lo, "hi": hi, **self._cut_params(run)}
-        return self._query(_ROWS_SQL, params)
+        params = {"rank": rank, "lo": lo, "hi": hi, **self._cut_params(run)}
+        return self._query_run(_ROWS_SQL, run, params)
 
     def main_line(self, run: str, rank: int | None = 0) -> pa.Table:
         rows = self.rows(run, rank)
@@ -186,34 +331,26 @@ class Store:
         return rows.filter(pc.invert(rows["main"]))
 
     def ranks(self, run: str) -> list[int]:
-        table = self._query(f"SELECT DISTINCT rank FROM {_READ} ORDER BY rank", {"files": self._run_files(run)})
+        table = self._query_run(f"SELECT DISTINCT rank FROM {_READ} ORDER BY rank", run)
         return table["rank"].to_pylist()
 
+    @_consistent
     def events(self, run: str) -> pa.Table:
         """The run's events (segment, rank, event, step, time, payload as JSON text), by step."""
-        records = []
-        for path in data_files(self.root, run, "events"):
-            segment = int(path.parent.parent.name.split("=", 1)[1])
-            rank = int(path.parent.name.split("=", 1)[1])
-            for lineno, line in enumerate(path.read_text().splitlines(), 1):
-                if not line.strip():
-                    continue
-                try:
-                    ev = json.loads(line)
-                except json.JSONDecodeError as err:
-                    raise StoreError(f"{path}:{lineno}: not a JSON event ({err})") from err
-                records.append(
-                    {"segment": segment, "rank": rank, "event": ev["event"], "step": ev["step"],
-                     "time": ev.get("time") if isinstance(ev.get("time"), (int, float)) else None,
-                     "payload": json.dumps(ev.get("payload") or {})}
-                )
+        for attempt in range(_ATTEMPTS):
+            try:
+                records = [r for path in data_files(self.root, run, "events") for r in _read_events(path)]
+                break
+            except FileNotFoundError:
+                if attempt + 1 == _ATTEMPTS:
+                    raise
         records.sort(key=lambda r: (r["step"], r["segment"]))
         schema = pa.schema([pa.field("segment", pa.int32()), pa.field("rank", pa.int32()), *EVENTS_SCHEMA])
         return pa.Table.from_pylist(records, schema=schema)
 
     def columns(self, run: str) -> list[str]:
         """Metric columns present in the run's files (record columns and extras)."""
-        table = self._query(f"DESCRIBE SELECT * FROM {_READ}", {"files": self._run_files(run)})
+        table = self._query_run(f"DESCRIBE SELECT * FROM {_READ}", run)
         return [c for c in table["column_name"].to_pylist() if c not in ("run", "segment", "rank")]
 
     def downsample(
@@ -230,6 +367,7 @@ class Store:
         result = self.downsample_columns(run, [column], x=x, num_buckets=num_buckets, lo=lo, hi=hi, rank=rank)
         return result.get(column, pa.table({}))
 
+    @_consistent
     def downsample_columns(
         self, run: str, columns: list[str], *, x: str = "step", num_buckets: int = 2000,
         lo: float | None = None, hi: float | None = None, rank: int | None = 0,
@@ -248,7 +386,7 @@ class Store:
         wanted = [c for c in dict.fromkeys(columns) if c in names or c == "step_time"]
         stored = [c for c in dict.fromkeys([x, *wanted]) if c in names and c not in ("step", "time")]
         sql = _CHART_ROWS_SQL.replace("__COLS__", ", ".join(quote_ident(c) for c in stored) or "NULL AS _none")
-        rows_tbl = self._query(sql, {"files": self._run_files(run), "rank": rank, **self._cut_params(run)})
+        rows_tbl = self._query_run(sql, run, {"rank": rank, **self._cut_params(run)})
         if "step_time" not in names:
             rows_tbl = rows_tbl.append_column("step_time", rows_tbl["derived_step_time"])
         if lo is None or hi is None:

@@ -9,10 +9,13 @@ readings (``importers.auto``).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 from pathlib import Path
 
 from runwatch.collectors.importers import auto
-from runwatch.collectors.importers.base import ImportResult, LogFormatError, ParsedLog, write_import
+from runwatch.collectors.importers.base import (
+    ImportResult, LogFormatError, ParsedLog, write_import, write_import_stream,
+)
 from runwatch.collectors.importers.formats import FORMATS, get_format, sniff_formats
 from runwatch.data.storage import check_run_name
 
@@ -36,16 +39,29 @@ def import_logs(fmt: str, paths: list[str | Path], root: str | Path, run: str, *
             raise ValueError(f"{p}: is a directory; expected a log file")
     if Path(root).exists() and not Path(root).is_dir():
         raise ValueError(f"--root {root}: not a directory")
-    if fmt == "auto":
-        name, parsed = auto.read([Path(p) for p in paths], skip_bad_lines=skip_bad_lines)
-    else:
-        name, parsed = fmt, get_format(fmt).parse([Path(p) for p in paths], skip_bad_lines=skip_bad_lines)
-    meta = {"source": f"import:{name}", "source_files": [str(Path(p).resolve()) for p in paths]}
-    if parsed.num_ignored:
-        meta["ignored_lines"] = parsed.num_ignored
-    result = write_import(root, run, parsed, replace=replace, meta=meta)
-    return dataclasses.replace(result, format=name)
+    files = [Path(p) for p in paths]
+    names = sniff_formats(files[0]) if fmt == "auto" else [fmt]
+    module = get_format(names[0]) if len(names) == 1 else None
+    meta = {"source": f"import:{names[0]}", "source_files": [str(p.resolve()) for p in files]}
+
+    def chunks() -> Iterator[ParsedLog]:  # parsed only once the run's lock is held
+        try:
+            if module is not None and hasattr(module, "parse_chunks"):  # streamed: memory bounded by a block
+                yield from module.parse_chunks(files, skip_bad_lines=skip_bad_lines)
+            elif module is not None and fmt != "auto":
+                yield module.parse(files, skip_bad_lines=skip_bad_lines)
+            else:
+                name, parsed = auto.read(files, skip_bad_lines=skip_bad_lines)
+                meta["source"] = f"import:{name}"  # the run's metadata is written after the last chunk
+                yield parsed
+        except (ArithmeticError, RecursionError) as err:  # a parser's own guard missed it: still name the input
+            raise ValueError(f"{', '.join(map(str, files))}: a value cannot be read ({type(err).__name__}: {err})") \
+                from err
+
+    result = write_import_stream(root, run, chunks(), replace=replace, meta=meta,
+                                 source=", ".join(str(p) for p in files))
+    return dataclasses.replace(result, format=meta["source"].removeprefix("import:"))
 
 
 __all__ = ["FORMATS", "ImportResult", "LogFormatError", "ParsedLog", "detect_format", "get_format", "import_logs",
-           "sniff_formats"]
+           "sniff_formats", "write_import", "write_import_stream"]

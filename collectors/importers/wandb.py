@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -41,7 +42,8 @@ def _column_for(raw: str) -> str | None:
     return tag_column(raw)
 
 
-def _read(path: Path) -> tuple[pa.Table, int]:
+def _read(path: Path, skip_bad_lines: bool) -> tuple[pa.Table, np.ndarray, int]:
+    """The history as strings, each row's line (its row number in Parquet), rows skipped as malformed."""
     with open(path, "rb") as f:
         magic = f.read(4)
     if magic == b"PAR1":
@@ -53,22 +55,23 @@ def _read(path: Path) -> tuple[pa.Table, int]:
                 or pa.types.is_floating(table.schema.field(c).type) or pa.types.is_boolean(table.schema.field(c).type)
                 or pa.types.is_string(table.schema.field(c).type)]
         table = table.select(keep)
-        return pa.table({c: pc.cast(pc.cast(table[c], pa.float64()) if pa.types.is_boolean(table[c].type) else table[c],
-                                    pa.string()) for c in keep}), 1
-    return read_csv_strings(path), 2
+        strings = pa.table({c: pc.cast(pc.cast(table[c], pa.float64()) if pa.types.is_boolean(table[c].type)
+                                       else table[c], pa.string()) for c in keep})
+        return strings, np.arange(strings.num_rows) + 1, 0
+    return read_csv_strings(path, skip_bad_lines)
 
 
 def parse_file(path: Path, skip_bad_lines: bool) -> ParsedLog:
-    table, first_line = _read(path)
+    table, lines, num_invalid = _read(path, skip_bad_lines)
     if "_step" not in table.column_names:
         raise LogFormatError(path, 1, "expected a W&B history export with a '_step' column")
     if table.num_rows == 0:
         raise LogFormatError(path, None, f"no history rows found in {path}")
-    columns = to_record(table, path, _column_for, first_line, drop_text_columns=True)
+    columns, num_skipped = to_record(table, path, _column_for, lines, True, skip_bad_lines)
     # W&B logs a step once per history row; sort nothing: export order is the run's order.
     metrics = build_table(columns)
     breaks = time_gap_breaks(metrics["time"].to_numpy(zero_copy_only=False)) if "time" in columns else set()
-    return merge_same_step(ParsedLog(metrics, breaks=breaks))
+    return merge_same_step(ParsedLog(metrics, breaks=breaks, num_skipped=num_invalid + num_skipped))
 
 
 def parse(paths: Sequence[str | Path], *, skip_bad_lines: bool = False) -> ParsedLog:

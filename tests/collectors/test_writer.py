@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -65,3 +66,65 @@ def test_a_full_queue_never_drops_events_or_run_metadata(tmp_path: Path) -> None
     assert queue.put(first) is None and queue.put(checkpoint) is None and queue.put(finished) is None
     assert queue.put(second) is first  # only a metrics batch makes room
     assert [queue.get() for _ in range(3)] == [checkpoint, finished, second] and queue.empty()
+
+
+def test_a_bad_value_nulls_its_cell_and_the_batch_is_written(tmp_path: Path) -> None:
+    """Issue 9.6: one bad `tokens` value used to drop the whole flush."""
+    rows = [{"step": i, "time": float(i), "loss": 2.0 - i / 100, "tokens": 1000 * i} for i in range(50)]
+    rows[10]["tokens"] = 1.5  # not a whole number
+    rows[20]["tokens"] = float("nan")
+    rows[30]["tokens"] = 1e30  # beyond int64
+    rows[40]["my_extra"] = 10**400  # no float holds it
+    rows[41]["tokens"] = 2**60 + 1  # exact, beyond float precision
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        writer = BackgroundWriter(tmp_path, max_queue=4)
+        writer.submit(MetricsBatch("r", 0, 0, rows))
+        assert writer.close(timeout=60)
+    assert writer.num_written_rows == 50 and writer.num_dropped_rows == 0
+    assert writer.num_bad_values == 4 and writer.num_errors == 4
+    assert len([w for w in caught if "did not fit their column" in str(w.message)]) == 1
+    with Store(tmp_path) as store:
+        got = store.rows("r").to_pylist()
+    tokens = [r["tokens"] for r in got]
+    assert tokens[10] is None and tokens[20] is None and tokens[30] is None and tokens[41] == 2**60 + 1
+    assert tokens[9] == 9000 and [r["loss"] for r in got] == [2.0 - i / 100 for i in range(50)]
+    assert got[40]["my_extra"] is None
+
+
+class _StuckCopy:
+    """A device-to-host copy that never completes: the writer thread waits on it forever (a hung GPU)."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+
+    def synchronize(self) -> None:
+        self.release.wait()
+
+
+def test_a_hung_writer_keeps_memory_bounded_and_put_constant_time(tmp_path: Path) -> None:
+    """Issue 9.7: with the writer hung, 200k steps with a checkpoint every 100 queued 2,064 items."""
+    stuck = _StuckCopy()
+    writer = BackgroundWriter(tmp_path, max_queue=8, max_events=64)
+    writer.submit(MetricsBatch("r", 0, 0, [{"step": -1}], ready=stuck))
+    while not writer._queue.empty():  # the thread holds the stuck batch
+        time.sleep(0.001)
+
+    def flushes(lo: int, hi: int) -> float:
+        t0 = time.perf_counter()
+        for k in range(lo, hi):  # a flush every 50 steps, a checkpoint every 100
+            writer.submit(MetricsBatch("r", 0, 0, [{"step": 50 * k + i} for i in range(50)]))
+            if k % 2:
+                writer.submit(EventsBatch("r", 0, 0, [{"event": "checkpoint", "step": 50 * k + 49, "path": "c"}]))
+        return time.perf_counter() - t0
+
+    early = flushes(0, 400)
+    flushes(400, 3600)
+    late = flushes(3600, 4000)  # 200,000 steps in all
+    assert len(writer._queue) <= 2 * (8 + 64) + 16  # live items plus a bounded number of tombstones
+    assert writer.num_dropped_rows == (4000 - 8) * 50 and writer.num_dropped_events == 2000 - 64
+    assert late < 10 * early + 0.05  # no scan past the waiting events: as fast at the end as at the start
+    stuck.release.set()
+    assert writer.close(timeout=60)
+    with Store(tmp_path) as store:
+        assert store.rows("r").num_rows == 1 + 8 * 50 and store.events("r").num_rows == 64

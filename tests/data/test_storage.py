@@ -9,7 +9,8 @@ import pyarrow as pa
 import pytest
 
 from runwatch.data.record import metrics_table
-from runwatch.data.storage import StagedWrite, check_run_name, compact, data_files
+from runwatch.data.compact import compact
+from runwatch.data.storage import StagedWrite, check_run_name, data_files
 from runwatch.data.store import Store
 
 
@@ -64,7 +65,7 @@ def test_compact_merges_parts_without_changing_results(tmp_path):
         events_before = store.events("r")
     assert len(data_files(tmp_path, "r")) == 6
     counts = compact(tmp_path)
-    assert counts == {"files_before": 8, "files_after": 2}  # 6 metric parts + 2 event files
+    assert (counts.files_before, counts.files_after) == (8, 2)  # 6 metric parts + 2 event files
     assert len(data_files(tmp_path, "r")) == 1
     with Store(tmp_path) as store:
         after = store.rows("r").sort_by("step")
@@ -86,3 +87,15 @@ def test_nan_and_inf_are_stored_as_they_are(tmp_path):
     with Store(tmp_path) as store:
         got = store.rows("r")["loss"].to_pylist()
     assert got[0] == 1.0 and math.isnan(got[1]) and got[2] == math.inf and got[3] == -math.inf and got[4] == 2.0
+
+
+def test_duckdb_globs_hidden_directories_and_not_symlinked_ones(tmp_path):
+    """Why staging lives beside the root (data/storage.py): inside it, ``**`` would read the staged copy."""
+    for where in ("run=a", ".staging/run=b"):
+        with StagedWrite(tmp_path / "x") as staged:
+            staged.add_metrics("a", 0, 0, _rows(0, 3))
+        (tmp_path / "root" / where).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "x" / "run=a").rename(tmp_path / "root" / where)
+    (tmp_path / "root" / "run=c").symlink_to(tmp_path / "root" / "run=a", target_is_directory=True)
+    found = duckdb.sql(f"SELECT file FROM glob('{tmp_path}/root/**/*.parquet')").fetchall()
+    assert sorted(f[0].split("/root/")[1].split("/")[0] for f in found) == [".staging", "run=a"]
