@@ -119,9 +119,9 @@ def _train_segment(root: Path, run: str, plan: DemoPlan, *, start: int, stop: in
     """
     import torch
 
+    from runwatch.app.tinygpt import TinyGPT, TinyGPTConfig, cosine_lr, set_lr, train_step
     from runwatch.collectors import Monitor
     from runwatch.collectors.monitor import MonitorConfig
-    from runwatch.app.tinygpt import TinyGPT, TinyGPTConfig, cosine_lr, set_lr, train_step
 
     seed = plan.seed + (1 if run == "demo-diverged" else 0)  # its own curve; healthy and rollback share one
     torch.manual_seed(seed)

@@ -18,8 +18,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-from runwatch.app.auth import (ALLOWED_HOSTS_ENV, AUTH_ENV, AuthConfig, allowed_hosts, check_bind,
-                                default_secrets_file, read_auth)
+from runwatch.app.auth import (
+    ALLOWED_HOSTS_ENV,
+    AUTH_ENV,
+    AuthConfig,
+    allowed_hosts,
+    check_bind,
+    default_secrets_file,
+    read_auth,
+)
 
 ROOT_ENV = "RUNWATCH_ROOT"  # how the Streamlit child learns its root (read by state.py)
 APP_DIR = Path(__file__).resolve().parent

@@ -29,6 +29,7 @@ CELL_COLORS = {"red": "#f8d0cc", "violet": "#e3d5f5", "gray": "#e5e7ea", "orange
                "blue": "#d6e6f7"}
 SEVERITY_COLORS = {"critical": "red", "warning": "orange", "info": "blue"}
 from runwatch.detectors.registry import PERFORMANCE_KINDS  # noqa: E402
+
 """Findings about speed, not about the model: drawn on the step-time panel only."""
 
 

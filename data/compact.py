@@ -21,9 +21,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from runwatch.data.locks import WRITER_LOCK, RunBusy, RunLock, is_held
-from runwatch.data.record import conform_metrics
+from runwatch.data.record import METRICS_SCHEMA, conform_metrics
 from runwatch.data.staging import abort, crash_point, new_op, recover, staged_runs, switch_in
-from runwatch.data.record import METRICS_SCHEMA
 from runwatch.data.storage import fsync_dir, list_runs, part_name, temp_files
 
 

@@ -29,7 +29,15 @@ import pyarrow.parquet as pq
 
 from runwatch.data.record import SCHEMA_VERSION, conform_metrics
 from runwatch.data.storage import (
-    RUN_META, RUN_NAME_RE, fsync_dir, write_bytes_synced, check_run_name, events_jsonl, part_name, partition_dir, run_dir,
+    RUN_META,
+    RUN_NAME_RE,
+    check_run_name,
+    events_jsonl,
+    fsync_dir,
+    part_name,
+    partition_dir,
+    run_dir,
+    write_bytes_synced,
 )
 
 STAGING_NAME = ".runwatch-staging"

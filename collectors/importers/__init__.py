@@ -14,7 +14,11 @@ from pathlib import Path
 
 from runwatch.collectors.importers import auto
 from runwatch.collectors.importers.base import (
-    ImportResult, LogFormatError, ParsedLog, write_import, write_import_stream,
+    ImportResult,
+    LogFormatError,
+    ParsedLog,
+    write_import,
+    write_import_stream,
 )
 from runwatch.collectors.importers.formats import FORMATS, get_format, sniff_formats
 from runwatch.data.storage import check_run_name

@@ -20,7 +20,14 @@ import pyarrow.csv as pacsv
 
 from runwatch.collectors.importers.base import LogFormatError, ParsedLog
 from runwatch.collectors.importers.textlog import (
-    NUMBER_RE, build_table, empty_to_null, merge_same_step, parse_each, sanitize_name, to_float, to_int,
+    NUMBER_RE,
+    build_table,
+    empty_to_null,
+    merge_same_step,
+    parse_each,
+    sanitize_name,
+    to_float,
+    to_int,
 )
 from runwatch.data.record import METRIC_COLUMNS
 

@@ -52,7 +52,12 @@ import pyarrow.compute as pc
 from runwatch.collectors.importers.base import LogFormatError, ParsedLog
 from runwatch.collectors.importers.stepcount import find_counters, position
 from runwatch.collectors.importers.textlog import (
-    LONG_GAP_S, NUMBER_RE, build_table, concat_positions, lines_containing, read_text,
+    LONG_GAP_S,
+    NUMBER_RE,
+    build_table,
+    concat_positions,
+    lines_containing,
+    read_text,
 )
 
 _N = NUMBER_RE

@@ -47,7 +47,12 @@ import pyarrow as pa
 from runwatch.collectors.importers import metaseq
 from runwatch.collectors.importers.base import LogFormatError, ParsedLog
 from runwatch.collectors.importers.textlog import (
-    NUMBER_RE, matches, merge_same_step, parse_each, read_text, sanitize_name,
+    NUMBER_RE,
+    matches,
+    merge_same_step,
+    parse_each,
+    read_text,
+    sanitize_name,
 )
 from runwatch.data.record import metrics_table
 

@@ -49,7 +49,13 @@ import pyarrow as pa
 from runwatch.collectors.importers.base import LogFormatError, ParsedLog
 from runwatch.collectors.importers.stepcount import find_counters, position, step_of_lines
 from runwatch.collectors.importers.textlog import (
-    NUMBER_RE, build_table, matches, merge_same_step, parse_each, read_text, sanitize_name,
+    NUMBER_RE,
+    build_table,
+    matches,
+    merge_same_step,
+    parse_each,
+    read_text,
+    sanitize_name,
 )
 
 _DICT_START = r"\{'(?:loss|eval_[a-z_]+|train_runtime|grad_norm|learning_rate)': "

@@ -30,8 +30,17 @@ import pyarrow as pa
 
 from runwatch.collectors.importers.base import LogFormatError, ParsedLog
 from runwatch.collectors.importers.textlog import (
-    NUMBER_RE, build_table, first_line_matches, floats_at, ints_at, keyed_spans, matches, merge_same_step, parse_each,
-    read_lines, sanitize_name,
+    NUMBER_RE,
+    build_table,
+    first_line_matches,
+    floats_at,
+    ints_at,
+    keyed_spans,
+    matches,
+    merge_same_step,
+    parse_each,
+    read_lines,
+    sanitize_name,
 )
 from runwatch.data.record import metrics_table
 

@@ -42,10 +42,20 @@ import pyarrow.compute as pc
 from runwatch.collectors.importers.base import LogFormatError, ParsedLog
 from runwatch.collectors.importers.deepspeed import OVERFLOW_LITERALS, OVERFLOW_MARK
 from runwatch.collectors.importers.megatron_fields import (
-    fields_to_columns, find_events, split_pieces,
+    fields_to_columns,
+    find_events,
+    split_pieces,
 )
 from runwatch.collectors.importers.textlog import (
-    build_table, data_bytes, lines_containing, matches, merge_same_step, offsets, parse_each, read_text, sanitize_name,
+    build_table,
+    data_bytes,
+    lines_containing,
+    matches,
+    merge_same_step,
+    offsets,
+    parse_each,
+    read_text,
+    sanitize_name,
 )
 
 _PREFIX = r"^\s*(?:\[default(?P<rank>\d+)\]:)?\s*"

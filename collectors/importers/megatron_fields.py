@@ -19,7 +19,12 @@ import pyarrow.compute as pc
 
 from runwatch.collectors.importers.base import LogFormatError
 from runwatch.collectors.importers.textlog import (
-    NUMBER_RE, ints_or_error, lines_containing, offsets, sanitize_name, spans,
+    NUMBER_RE,
+    ints_or_error,
+    lines_containing,
+    offsets,
+    sanitize_name,
+    spans,
 )
 
 # Field keys with all whitespace removed (hard-wrapping can drop or keep a space) -> (column, scale).

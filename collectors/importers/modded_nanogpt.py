@@ -28,8 +28,16 @@ import pyarrow.compute as pc
 
 from runwatch.collectors.importers.base import LogFormatError, ParsedLog
 from runwatch.collectors.importers.textlog import (
-    NUMBER_RE, build_table, data_bytes, floats_at, ints_at, keyed_spans, matches, merge_same_step,
-    parse_each, read_lines,
+    NUMBER_RE,
+    build_table,
+    data_bytes,
+    floats_at,
+    ints_at,
+    keyed_spans,
+    matches,
+    merge_same_step,
+    parse_each,
+    read_lines,
 )
 
 _STEP_LINE = r"^step:\d"

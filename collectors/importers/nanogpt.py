@@ -36,7 +36,15 @@ import pyarrow.compute as pc
 
 from runwatch.collectors.importers.base import LogFormatError, ParsedLog
 from runwatch.collectors.importers.textlog import (
-    NUMBER_RE, build_table, lines_containing, matches, merge_same_step, parse_each, read_text, to_float, to_int,
+    NUMBER_RE,
+    build_table,
+    lines_containing,
+    matches,
+    merge_same_step,
+    parse_each,
+    read_text,
+    to_float,
+    to_int,
 )
 
 _TS = r"^\s*(?:\[?(?P<ts>\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d)(?:[.,]\d+)?\]?\s+)?"
