@@ -173,9 +173,9 @@ def parse_chunks(paths: Sequence[str | Path], *, skip_bad_lines: bool = False,
     seen = _SegmentColumn()
     for path in paths:
         path = Path(path)
-        for first_line, block in blocks(path, block_bytes):
-            chunk = _fast_block(path, first_line, block, seen)
-            yield chunk if chunk is not None else _slow_block(path, first_line, block, skip_bad_lines, seen)
+        for block_line, block in blocks(path, block_bytes):
+            chunk = _fast_block(path, block_line, block, seen)
+            yield chunk if chunk is not None else _slow_block(path, block_line, block, skip_bad_lines, seen)
 
 
 def parse(paths: Sequence[str | Path], *, skip_bad_lines: bool = False) -> ParsedLog:
