@@ -64,12 +64,13 @@ def checkpoint_seconds(checkpoints: list[dict]) -> dict[int, float]:
 
 
 def _diverged(f: Finding, cfg: DetectorConfig) -> bool:
-    """An unrecovered loss jump under a learning rate still raised: the cause decides the fix (a raised LR is a
-    divergence: lower it; a burst that is over leaves a spike: roll back and skip its batches). A jump that
-    stays up without a raised LR is a spike that did not recover; a divergence is a change in slope
-    (DETECTION.md section 5), which the divergence scanner finds by itself."""
-    return (f.kind == "spike" and not f.evidence.get("blip") and f.self_recovered is not True
-            and bool(f.evidence.get("lr_still_raised")))
+    """A loss excursion thrown by a learning rate that is still raised (not the schedule), whether or not the
+    loss came back: the cause decides the fix (a raised LR is a divergence in the making: lower it; a burst
+    that is over leaves a spike: roll back and skip its batches). A jump that stays up without a raised LR
+    is a spike that did not recover; a divergence is a change in slope (DETECTION.md section 5), which the
+    divergence scanner finds by itself."""
+    return (f.kind == "spike" and not f.evidence.get("blip") and bool(f.evidence.get("lr_still_raised"))
+            and not f.evidence.get("lr_scheduled"))
 
 
 def _as_divergence(f: Finding, cfg: DetectorConfig) -> Finding:
@@ -96,7 +97,7 @@ def overlaps(a: Finding, b: Finding) -> bool:
 def merge_overlaps(findings: list[Finding], cfg: DetectorConfig = DEFAULT) -> list[Finding]:
     """One incident, one finding.
 
-    An unrecovered spike under a learning rate still raised is a divergence.
+    A spike under a learning rate still raised (not by the schedule) is a divergence.
     Unrecovered loss findings that overlap a divergence merge into it (earliest
     onset); a 'divergence' that came back down inside a spike was that spike.
     A NaN after a divergence stays its own finding: it changes the advice

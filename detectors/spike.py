@@ -374,10 +374,13 @@ def _lr_story(lr: np.ndarray, onset: int, end: int, history: int, patience: int)
                 "lr_scheduled": False}
     lr_before, lr_cause = float(np.median(before)), float(cause.max())
     ratio = lr_cause / lr_before
-    # Still raised: over the episode, not at its last row only (a schedule's warm restart may land there).
+    # Still raised: over the episode (not at its last row only: a warm restart may land there), nearer the
+    # raised LR than the one before in log terms (a warm-up that goes on rising after a one-step burst is not
+    # the burst staying up).
     during = lr[onset:end + 1]
     during = during[np.isfinite(during)]
-    still = bool(ratio >= 1.5 and len(during) and float(np.median(during)) >= 1.5 * lr_before)
+    still = bool(ratio >= 1.5 and len(during)
+                 and float(np.median(during)) >= max(1.5 * lr_before, math.sqrt(lr_before * lr_cause)))
     window = lr[max(history, onset - 17):onset + 1]
     rise = np.flatnonzero(np.isfinite(window) & (window >= 1.5 * lr_before))
     rise_at = max(history, onset - 17) + int(rise[0]) if len(rise) else onset
