@@ -50,6 +50,7 @@ class ScalerScanner:
         self.pos = 0
         self.prev_step: int | None = None  # the last row judged
         self.prev_scale = math.nan  # the last logged scale
+        self.prev_flag = 0.0  # whether the row before was flagged skipped
         self.grew = False  # the scale has grown once: calibration is over
         self.s = 0.0
         self.cp: int | None = None  # first skipped row since the sum was last 0 (None: none yet)
@@ -125,7 +126,7 @@ class ScalerScanner:
         self.chain_prev_step = int(steps[rows[-1]])
 
     def _skips(self, lo: int, n: int, obs: Observations) -> tuple[np.ndarray, int, np.ndarray]:
-        """Skipped steps on each row (the flag, else the halvings of the logged scale), the first growth row,
+        """Skipped steps on each row (the flag or the halvings of the logged scale), the first growth row,
         and the growth interval in force at each row."""
         scale = obs["loss_scale"][lo:n]
         known = np.concatenate([[self.prev_scale], scale])
@@ -137,7 +138,14 @@ class ScalerScanner:
                                 np.clip(np.round(np.log2(ratio)), 1.0, 1e6), 0.0)
             grown = np.flatnonzero(np.isfinite(scale) & np.isfinite(before) & (scale > before) & (before > 0))
         flagged = obs["found_inf_present"][lo:n]
-        skips = np.where(flagged, obs["found_inf"][lo:n].astype(np.float64), halvings)
+        flag = np.where(flagged, obs["found_inf"][lo:n].astype(np.float64), 0.0)
+        # The flag says whether the logged step itself was skipped; the halvings since the row before count the
+        # skips in between (a log every k steps sees most of them only that way), less the flagged row before's
+        # own (the scale a row logs is the one its step ran with: that skip's halving shows on the next row).
+        prev = np.concatenate([[self.prev_flag], flag[:-1]])
+        skips = np.maximum(flag, halvings - prev)
+        if len(flag):
+            self.prev_flag = float(flag[-1])
         grew_at = lo if self.grew else (lo + int(grown[0]) if len(grown) else n)
         self.grew = self.grew or bool(len(grown))
         interval = np.full(n - lo, self.interval)
