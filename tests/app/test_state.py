@@ -12,8 +12,9 @@ from streamlit.testing.v1 import AppTest
 
 from runwatch.app import state
 from runwatch.app.state import Judged, is_stale
+from runwatch.data.compact import compact
 from runwatch.data.record import metrics_table
-from runwatch.data.storage import StagedWrite, compact, data_files
+from runwatch.data.storage import StagedWrite, data_files
 from runwatch.data.store import Store
 from tests.app.conftest import spike_lines, write_jsonl_run
 
