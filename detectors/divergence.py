@@ -27,7 +27,7 @@ from runwatch.detectors.scanner import Observations, ScanContext, own_findings
 GROWTH_BLOCKS = 64
 """The history before an onset is searched for a growth precursor in at most ~64 blocks (bounds the cost)."""
 LR_LOOKBACK = 128
-"""Observations before a climb searched for the learning-rate rise that caused it (evidence only)."""
+"""Observations before a climb searched for the learning-rate rise that caused it (its onset, then)."""
 
 
 def _fit_sse(y: np.ndarray) -> tuple[float, float]:
@@ -128,18 +128,42 @@ def act_growth_start(steps: np.ndarray, act: np.ndarray, before_step: int,
     return growth_start(steps, act, before_step, min_growth)
 
 
-def lr_rise_start(lr: np.ndarray, onset: int) -> int | None:
-    """Start of a learning-rate rise (>= 1.5x) that runs into the onset (evidence of the cause), or None."""
+def lr_rise_start(steps: np.ndarray, lr: np.ndarray, onset: int) -> int | None:
+    """Index of the first row of a learning-rate rise (to >= 1.5x its lowest point in the last
+    ``LR_LOOKBACK`` rows) that runs into the onset: the first update under the raised LR, the cause. None
+    without one. The schedule is no cause: the warm-up that opens the run, or a warm restart (one step back
+    up to a level the run already trained at, as the spike detector's ``lr_scheduled`` reads it); a rise
+    after a restart still counts."""
     lo = max(0, onset - LR_LOOKBACK)
-    window = lr[lo:onset + 1]
-    if len(window) < 2 or not np.isfinite(window).all():
-        return None
-    falls = np.flatnonzero(np.diff(window) < 0)
-    start = lo + (int(falls[-1]) + 1 if len(falls) else 0)
-    if start >= onset or not lr[onset] >= 1.5 * lr[start] or lr[start] <= 0:
-        return None
-    rising = np.flatnonzero(lr[start:onset + 1] > lr[start])
-    return start + int(rising[0]) if len(rising) else None
+    while True:
+        idx = lo + np.flatnonzero(np.isfinite(lr[lo:onset + 1]) & (lr[lo:onset + 1] > 0))
+        if len(idx) < 2 or idx[-1] != onset:
+            return None
+        k = len(idx) - 1 - int(np.argmin(lr[idx][::-1]))  # the last lowest LR before the onset
+        low = idx[k]
+        if low >= onset or not lr[onset] >= 1.5 * lr[low] or in_warmup(steps, lr, int(steps[low])):
+            return None
+        first = int(idx[k + 1])
+        trained = lr[:low + 1][np.isfinite(lr[:low + 1])]
+        if lr[first] >= 1.5 * lr[low] and lr[first] <= 1.05 * float(trained.max()):
+            lo = first  # a warm restart: look for a rise after it
+            continue
+        return first
+
+
+def cause_start(steps: np.ndarray, obs: Observations, onset: int, history: int, cfg: DivergenceConfig) -> tuple[int, dict]:
+    """Move an onset (an index) back to where the trend broke: the gradient or activation norm began growing
+    into it, or the learning rate began rising into it (DETECTION.md section 5: the change point, not the
+    step where the loss crossed a line). Never into the parent history a resumed segment was seeded with."""
+    at = int(steps[onset])
+    act = growth_start(steps, obs["act_norm"], at, cfg.act_growth) if "act_norm" in obs else None
+    grad = growth_start(steps, obs["grad_norm"], at, cfg.grad_growth) if "grad_norm" in obs else None
+    rise = lr_rise_start(steps, obs["lr"], onset) if "lr" in obs else None
+    lr_step = int(steps[rise]) if rise is not None else None
+    floor = int(steps[history]) if history < len(steps) else at
+    first = min([at] + [s for s in (act, grad, lr_step) if s is not None and s >= floor])
+    return int(np.searchsorted(steps, first)), {"act_norm_climb_step": act, "grad_norm_climb_step": grad,
+                                                "lr_rise_step": lr_step}
 
 
 def warmup_end(steps: np.ndarray, lr: np.ndarray) -> int | None:
@@ -229,19 +253,9 @@ class DivergenceScanner:
                 out.append(early)
         return own_findings(out, obs["step"], self.ctx.history)
 
-    def trend_break(self, obs: Observations, onset: int) -> tuple[int, dict]:
-        """Move a loss-climb onset back to where the gradient or activation norm began growing into it."""
-        steps = obs["step"]
-        at = int(steps[onset])
-        act = growth_start(steps, obs["act_norm"], at, self.cfg.act_growth)
-        grad = growth_start(steps, obs["grad_norm"], at, self.cfg.grad_growth)
-        first = min([at] + [s for s in (act, grad) if s is not None and s >= int(steps[self.ctx.history])])
-        return int(np.searchsorted(steps, first)), {"act_norm_climb_step": act, "grad_norm_climb_step": grad}
-
     def _classify(self, ep: dict, end: int, recovered: bool, obs: Observations) -> Finding:
         steps, loss, grad, act, lr = obs["step"], obs["loss"], obs["grad_norm"], obs["act_norm"], obs["lr"]
-        onset, growth = self.trend_break(obs, ep["onset"])
-        lr_start = lr_rise_start(lr, ep["onset"])
+        onset, growth = cause_start(steps, obs, ep["onset"], self.ctx.history, self.cfg)
         best, best_b, sigma = ep["best"]
         before = slice(best_b * self.block, (best_b + 1) * self.block)
         during = slice(onset, end + 1)
@@ -254,8 +268,7 @@ class DivergenceScanner:
                     "lr_at_onset": float(np.nanmax(cause)) if np.isfinite(cause).any() else None,
                     "detected_step": int(steps[min(ep["confirm"], len(steps) - 1)]),
                     "confirmed_step": int(steps[min(ep["confirm"], len(steps) - 1)]),
-                    "loss_climb_step": int(steps[ep["onset"]]), **growth,
-                    "lr_rise_step": int(steps[lr_start]) if lr_start is not None else None}
+                    "loss_climb_step": int(steps[ep["onset"]]), **growth}
         extra = [f"grad norm x{grad_ratio:.2g}" for _ in [0] if grad_ratio is not None]
         extra += [f"act norm x{act_ratio:.2g}" for _ in [0] if act_ratio is not None]
         message = (f"loss diverging from step {int(steps[onset])}: {best:.4g} -> {fmt_value(evidence['peak_loss'])}"
@@ -281,11 +294,14 @@ class DivergenceScanner:
         if act_ratio is None or grad_ratio is None or act_ratio < self.cfg.precursor_act \
                 or grad_ratio < self.cfg.precursor_grad:
             return None
-        return Finding(kind="divergence", onset_step=climb, end_step=int(steps[-1]), peak_step=int(steps[-1]),
+        rise = lr_rise_start(steps, obs["lr"], i)  # an LR rising into the climb is where it began
+        onset = int(steps[rise]) if rise is not None else climb
+        return Finding(kind="divergence", onset_step=onset, end_step=int(steps[-1]), peak_step=int(steps[-1]),
                        segment=self.ctx.segment, severity="critical", self_recovered=False, needs_action=True,
                        evidence={"act_norm_ratio": act_ratio, "grad_norm_ratio": grad_ratio,
-                                 "act_norm_climb_step": climb, "loss_moved": False, "detected_step": int(steps[-1])},
-                       message=f"diverging from step {climb}: activation norm x{act_ratio:.2g} and gradient norm "
+                                 "act_norm_climb_step": climb, "lr_rise_step": onset if rise is not None else None,
+                                 "loss_moved": False, "detected_step": int(steps[-1])},
+                       message=f"diverging from step {onset}: activation norm x{act_ratio:.2g} and gradient norm "
                                f"x{grad_ratio:.2g} and still climbing, before the loss has moved (OPT's precursor)")
 
 

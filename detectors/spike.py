@@ -37,7 +37,7 @@ from runwatch.detectors.core import (
     first_run,
     safe_log,
 )
-from runwatch.detectors.divergence import growth_start
+from runwatch.detectors.divergence import cause_start
 from runwatch.detectors.finding import Finding, fmt_value
 from runwatch.detectors.scanner import Observations, ScanContext
 
@@ -451,21 +451,12 @@ def classify(sc: SpikeScanner, ep: Episode, obs: Observations) -> Finding | None
         **lr_story, **lasting,
         "recovery_steps": int(steps[ep.recovered_at] - steps[onset]) if ep.recovered_at is not None else None,
     }
-    if recovered is False:  # if this turns out a divergence, its onset is where the trend broke (see analysis)
-        evidence["trend_break_step"] = _trend_break(sc, obs, onset)
+    if recovered is False or lr_story["lr_still_raised"]:  # a divergence's onset is where the trend broke
+        at, _ = cause_start(steps, obs, onset, sc.ctx.history, sc.ctx.config.divergence)
+        evidence["trend_break_step"] = int(steps[at])
     return Finding(kind="spike", onset_step=int(steps[onset]), end_step=int(steps[end]), peak_step=int(steps[peak_i]),
                    segment=sc.ctx.segment, severity=severity, self_recovered=recovered, needs_action=needs,
                    evidence=evidence, message=_message(evidence, steps[onset], recovered, loss_moved, costly))
-
-
-def _trend_break(sc: SpikeScanner, obs: Observations, onset: int) -> int:
-    """The step where the gradient or activation norm began growing into the onset (the onset if neither did)."""
-    steps, at = obs["step"], int(obs["step"][onset])
-    cfg = sc.ctx.config.divergence
-    starts = [growth_start(steps, obs[name], at, ratio) for name, ratio in
-              (("grad_norm", cfg.grad_growth), ("act_norm", cfg.act_growth)) if name in obs]
-    first = int(steps[sc.ctx.history]) if sc.ctx.history < len(steps) else at
-    return min([at] + [s for s in starts if s is not None and s >= first])
 
 
 def _longest_run(mask: np.ndarray) -> int:
