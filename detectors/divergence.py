@@ -153,14 +153,17 @@ def lr_rise_start(steps: np.ndarray, lr: np.ndarray, onset: int) -> int | None:
 
 def cause_start(steps: np.ndarray, obs: Observations, onset: int, history: int, cfg: DivergenceConfig) -> tuple[int, dict]:
     """Move an onset (an index) back to where the trend broke: the gradient or activation norm began growing
-    into it, or the learning rate began rising into it (DETECTION.md section 5: the change point, not the
-    step where the loss crossed a line). Never into the parent history a resumed segment was seeded with."""
+    into it (after the opening warm-up), or the learning rate began rising into it (DETECTION.md section 5:
+    the change point, not the step where the loss crossed a line). Never into a resumed segment's seeded
+    parent history."""
     at = int(steps[onset])
     act = growth_start(steps, obs["act_norm"], at, cfg.act_growth) if "act_norm" in obs else None
     grad = growth_start(steps, obs["grad_norm"], at, cfg.grad_growth) if "grad_norm" in obs else None
     rise = lr_rise_start(steps, obs["lr"], onset) if "lr" in obs else None
     lr_step = int(steps[rise]) if rise is not None else None
     floor = int(steps[history]) if history < len(steps) else at
+    if "lr" in obs:  # norms growing inside the opening LR warm-up are the model answering the rising LR
+        act, grad = (None if s is None or in_warmup(steps, obs["lr"], s) else s for s in (act, grad))
     first = min([at] + [s for s in (act, grad, lr_step) if s is not None and s >= floor])
     return int(np.searchsorted(steps, first)), {"act_norm_climb_step": act, "grad_norm_climb_step": grad,
                                                 "lr_rise_step": lr_step}
