@@ -74,7 +74,7 @@ CONTRACT = ("a checkpoint at step s holds the update of step s, and the first ba
 
 
 def _health(ckpt_step: int, main: dict[str, np.ndarray], findings: list[Finding],
-            window: int) -> tuple[bool, str, int | None]:
+            window: int, incident: str) -> tuple[bool, str, int | None]:
     """OPT criteria over the observations up to the checkpoint: (healthy, why, start of an act-norm climb or None)."""
     steps = main["step"]
     upto = int(np.searchsorted(steps, ckpt_step, side="right"))
@@ -91,7 +91,10 @@ def _health(ckpt_step: int, main: dict[str, np.ndarray], findings: list[Finding]
         # Inside an incident (or at the step before its first bad value, which may hold its update).
         if f.kind not in NO_ROLLBACK_KINDS and f.severity != "info" and f.onset_step - 1 <= ckpt_step <= f.end_step:
             return False, f"inside the {f.kind} from step {f.onset_step}", None
-    growth = _after_warmup(act_growth_start(steps, main["act_norm"], ckpt_step + 1), main)
+    # OPT's precursor: an activation-norm climb into a divergence. It is no sign of a NaN from a bad batch, a
+    # loss-scale collapse or a spike, whose checkpoints are judged by their own onsets.
+    growth = _after_warmup(act_growth_start(steps, main["act_norm"], ckpt_step + 1), main) \
+        if incident == "divergence" else None
     if growth is not None:
         return False, f"activation norm climbing since step {growth}", growth
     return True, HEALTHY, None
@@ -141,7 +144,7 @@ def _on_main_line(ckpt: dict, segments: list[SegmentInfo]) -> bool:
 
 
 def _choose(checkpoints: list[dict], cutoff: int, main: dict[str, np.ndarray], findings: list[Finding],
-            present_paths: set[str] | None, segments: list[SegmentInfo],
+            present_paths: set[str] | None, segments: list[SegmentInfo], incident: str,
             window: int) -> tuple[dict | None, dict | None, list[dict], int]:
     """(chosen, the better one that is gone, rejected with reasons latest first, the final cutoff step)."""
     rejected, missing = [], None
@@ -149,7 +152,7 @@ def _choose(checkpoints: list[dict], cutoff: int, main: dict[str, np.ndarray], f
         if ckpt["step"] >= cutoff:  # a climb found on a later checkpoint moved the cutoff back
             rejected.append({"step": ckpt["step"], "why": f"after the activation-norm climb from step {cutoff}"})
             continue
-        healthy, why, growth = _health(ckpt["step"], main, findings, window)
+        healthy, why, growth = _health(ckpt["step"], main, findings, window, incident)
         if not healthy:
             rejected.append({"step": ckpt["step"], "why": why})
             # The climb into a rejected checkpoint began at ``growth``: a checkpoint taken after that
@@ -231,11 +234,12 @@ def advise(findings: list[Finding], checkpoints: list[dict], main: dict[str, np.
     evidence = {"finding": target.kind, "onset_step": target.onset_step, "incident_onset_step": onset,
                 "last_healthy_step": healthy_step}
     growth = _after_warmup(target.evidence.get("act_norm_climb_step")
-                           or act_growth_start(main["step"], main["act_norm"], onset), main)
+                           or (act_growth_start(main["step"], main["act_norm"], onset)
+                               if target.kind == "divergence" else None), main)
     if growth is not None and growth <= cutoff:
         cutoff, evidence["act_norm_growth_from"] = growth, growth
     chosen, missing, rejected, walked = _choose(checkpoints, cutoff, main, findings, present_paths, segments or [],
-                                                cfg.health_window)
+                                                target.kind, cfg.health_window)
     if walked < cutoff:
         cutoff = evidence["act_norm_growth_from"] = walked
     skip, positions = skip_window(chosen["step"] if chosen else None, target, main, cfg)
