@@ -230,7 +230,7 @@ class SpikeScanner:
             # recovery), so the episode goes on rather than a second one starting.
             self.closed.pop()
             last.recovered_at, last.carry, last.end = None, 0, trigger
-            last.data["below"] = 0  # judged afresh from here (what came before the recovery is settled)
+            last.data["below"] = last.data["above"] = 0  # judged afresh (what came before the recovery is settled)
             last.data["loss_moved"] = last.data.get("loss_moved", False) or self._loss_far(loss, onset, trigger + 1)
             self.episode = last
             self.pos = self._noted = trigger + 1
@@ -288,10 +288,16 @@ class SpikeScanner:
         # Each way an episode can end is decided at one observation, the earliest wins (ties in this order), so
         # following it one observation at a time or all at once ends it at the same place.
         recovered_by = start + cfg.recovery_obs - 1 if start < len(ok) else len(ok)
-        # Far below the level as well as far above it: the noise grew (the scale frozen at the onset is refuted),
-        # which is no excursion of the level. A spike does not take the loss many sigmas under its trend.
-        below = np.cumsum(np.nan_to_num(zl, nan=0.0) < -ep.frozen["thr_loss"]) + ep.data.get("below", 0)
-        refuted = int(np.searchsorted(below, cfg.persist_obs))
+        # Far below the level about as often as far above it: the noise grew (the scale frozen at the onset is
+        # refuted), which is no excursion of the level. A spike does not take the loss many sigmas under its
+        # trend; symmetric noise puts about half its far-out values below (a sign test: refuted while the count
+        # below is within 2.33 standard deviations, one-sided 1%, of half the far-out ones).
+        zl_0, thr = np.nan_to_num(zl, nan=0.0), ep.frozen["thr_loss"]
+        below = np.cumsum(zl_0 < -thr) + ep.data.get("below", 0)
+        above = np.cumsum(zl_0 > thr) + ep.data.get("above", 0)
+        far = below + above
+        symmetric = (below >= cfg.persist_obs) & (below >= far / 2 - 1.165 * np.sqrt(far))
+        refuted = int(np.argmax(symmetric)) if symmetric.any() else len(ok)
         # Led by the gradient norm, which moved to a new level and stays there while the loss never left its
         # band: a trend (warm-up, a schedule change), not an excursion. Decided once, ``patience_obs`` in.
         trend_at = max(ep.onset + cfg.patience_obs - 1, lo) - lo if ep.data["grad_led"] else len(ok)
@@ -304,7 +310,8 @@ class SpikeScanner:
             ep.data["noise_grew"] = True
             self._close(ep, lo + refuted, loss)
             return
-        ep.data["below"] = int(below[-1]) if len(below) else ep.data.get("below", 0)
+        if len(far):
+            ep.data["below"], ep.data["above"] = int(below[-1]), int(above[-1])
         if moved is not None and len(moved):  # what was seen up to where this call stops looking
             ep.data["loss_moved"] = bool(moved[max(min(recovered_by, len(moved) - 1), 0)])
         if start < len(ok):
