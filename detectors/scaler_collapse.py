@@ -109,9 +109,11 @@ class ScalerScanner:
                 elif ch is not None:
                     self.chain = None
                 continue
+            since = int(steps[rows[k - 1]]) if k > 0 else (self.chain_prev_step if self.chain_prev_step is not None
+                                                             else int(steps[i]))
+            if ch is not None and ch["calibration"] and since >= self.cfg.calibration_steps:
+                ch = self.chain = None  # the opening calibration is over: a later halving starts a chain of its own
             if ch is None:
-                since = int(steps[rows[k - 1]]) if k > 0 else (self.chain_prev_step if self.chain_prev_step is not None
-                                                                 else int(steps[i]))
                 ch = self.chain = {"first": i, "last_skip": i, "min": now, "min_i": i, "before": before,
                                    "num_skipped": 0.0, "halvings": 0.0,
                                    "calibration": not self.chain_grew and since < self.cfg.calibration_steps}
