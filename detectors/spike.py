@@ -61,6 +61,7 @@ class SpikeScanner:
         self.loss_level = BlockBaseline(rel_floor=0.0, abs_floor=0.0, **fine)
         self.grad_level = BlockBaseline(rel_floor=0.0, abs_floor=0.0, **fine)
         self.cold_obs = base.min_blocks * base.block
+        self.cold_window = base.level_block * base.level_window
         self.winsor, self.tail_blocks = base.winsor, base.tail_min_blocks
         self.pos = ctx.history
         self.floor = ctx.history  # no excursion may begin before this (the history, the last episode's end)
@@ -100,10 +101,11 @@ class SpikeScanner:
             level, scale, glevel, gscale = (a.copy() for a in (level, scale, glevel, gscale))
             cfg = self.cfg
             for i in np.flatnonzero(~warm) + lo:
-                # Cold: the median of the earlier observations, with a scale that puts z_trigger at a gross
-                # rise, so only what a person sees at once counts before a noise model exists.
+                # Cold: the median of the last observations (as many as the level's window), with a scale that
+                # puts z_trigger at a gross rise, so only what a person sees at once counts before a noise model
+                # exists (recent ones: a warm-up's norms climb far from the first observations' median).
                 for x, lv, sc, log in ((loss, level, scale, False), (self.log_grad.view, glevel, gscale, True)):
-                    prior = x[self.ctx.history:i]
+                    prior = x[max(self.ctx.history, i - self.cold_window):i]
                     prior = prior[np.isfinite(prior)]
                     if len(prior) and not np.isfinite(lv[i - lo]):
                         m = float(np.median(prior))
@@ -121,10 +123,10 @@ class SpikeScanner:
         with np.errstate(invalid="ignore", divide="ignore"):
             ext_l = np.where(warm, (loss[lo:n] - level) / total_l, (loss[lo:n] - level) / scale)
             ext_g = np.where(warm, (self.log_grad.view[lo:n] - glevel) / total_g, (self.log_grad.view[lo:n] - glevel) / gscale)
-        # Cold (no noise model yet), nothing is judged out of band: the onset is the trigger itself (a warm-up's
-        # trend is far past a cold scale for dozens of observations and would carry the onset back to them).
-        elevated = warm & ((np.nan_to_num(ext_l, nan=-np.inf) > self.cfg.z_band)
-                           | (np.nan_to_num(ext_g, nan=-np.inf) > self.cfg.z_band))
+        # Cold (no noise model yet) the gradient norm is out of band only past a gross rise (the trigger's): a
+        # warm-up's norms climb past a cold scale's band and would carry the onset back through the climb.
+        band_g = np.where(warm, self.cfg.z_band, self.cfg.z_trigger)
+        elevated = (np.nan_to_num(ext_l, nan=-np.inf) > self.cfg.z_band) | (np.nan_to_num(ext_g, nan=-np.inf) > band_g)
         if not elevated.any():
             return (*cols, warm, elevated)
         idx = np.arange(n - lo)
