@@ -4,7 +4,7 @@ A resumed segment carries its parent's healthy history (the parent's loss
 observations up to the resume step, outside any of the parent's findings) as
 the leading observations of its series. If the median of its own first
 ``first_obs`` observations lies ``z`` of the parent's sigmas and ``min_rise``
-above the parent's level there (or its first gradient norms are not finite),
+above the parent's level there (a non-finite loss counts as infinitely far),
 the checkpoint it loaded already held the damage: a ``bad_resume`` that needs
 action, whose advice is an earlier checkpoint.
 """
@@ -43,21 +43,18 @@ class BadResumeScanner:
         med, mad = block_stats(parent[-usable:].reshape(-1, self.block)[-self.window:])
         level, sigma = float(np.median(med)), max(MAD_TO_SIGMA * float(np.median(mad)), 1e-3 * abs(float(np.median(med))))
         first = obs["loss"][h:h + k]
-        grads = obs["grad_norm"][h:h + k]
         head = float(np.median(np.where(np.isfinite(first), first, np.inf)))
         z = (head - level) / sigma
-        bad_grad = bool(np.any(~np.isfinite(grads) & ~np.isnan(grads)))
-        if not ((z > self.cfg.z and head - level >= self.cfg.min_rise * abs(level)) or bad_grad):
+        # An infinite gradient norm alone is no sign: a resumed fp16 scaler re-calibrates and skips its first steps.
+        if not (z > self.cfg.z and head - level >= self.cfg.min_rise * abs(level)):
             return
         steps = obs["step"]
         resumed = self.ctx.resume_step if self.ctx.resume_step is not None else int(steps[h - 1])
         evidence = {"resume_step": resumed, "parent_loss": level, "parent_sigma": sigma,
                     "first_loss_median": head if math.isfinite(head) else None, "z": z if math.isfinite(z) else None,
-                    "non_finite_grad_norm": bad_grad, "detected_step": int(steps[h + k - 1])}
+                    "detected_step": int(steps[h + k - 1])}
         message = (f"the resume from step {resumed} did not restore a healthy state: its first {k} losses sit at "
-                   f"{head:.4g} against {level:.4g} before the checkpoint"
-                   + (" and its gradient norm is not finite" if bad_grad else "")
-                   + "; the checkpoint already held the damage")
+                   f"{head:.4g} against {level:.4g} before the checkpoint; the checkpoint already held the damage")
         self.verdict = Finding(kind="bad_resume", onset_step=int(steps[h]), end_step=int(steps[h + k - 1]),
                                peak_step=int(steps[h + int(np.nanargmax(np.where(np.isfinite(first), first, np.inf)))]),
                                segment=self.ctx.segment, severity="critical", self_recovered=False,
