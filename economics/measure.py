@@ -175,22 +175,46 @@ def _rates(c: Cols, keep: np.ndarray | None = None) -> np.ndarray:
     return step_time[np.isfinite(step_time)]
 
 
-def _per_step(c: Cols) -> float | None:
-    rates = _rates(c)
-    return float(np.median(rates)) if len(rates) else None
+@dataclass(frozen=True)
+class Timeline:
+    """One segment's rows as the arithmetic needs them, searched in O(log n)."""
+
+    steps: np.ndarray
+    timed_steps: np.ndarray
+    times: np.ndarray
+    per_step: float | None
+    """Median wall seconds per step of the segment."""
+
+    @classmethod
+    def of(cls, c: Cols) -> "Timeline":
+        timed = np.isfinite(c["time"])
+        rates = _rates(c)
+        return cls(steps=c["step"], timed_steps=c["step"][timed], times=c["time"][timed],
+                   per_step=float(np.median(rates)) if len(rates) else None)
+
+    @property
+    def first(self) -> int:
+        return int(self.steps[0])
+
+    @property
+    def last(self) -> int:
+        return int(self.steps[-1])
+
+    def at_or_before(self, step: int) -> tuple[int, float] | None:
+        """(step, time) of the last timed row at or before ``step``."""
+        i = int(np.searchsorted(self.timed_steps, step, side="right")) - 1
+        return (int(self.timed_steps[i]), float(self.times[i])) if i >= 0 else None
+
+    def after(self, step: int) -> tuple[int, float] | None:
+        """(step, time) of the first timed row after ``step``."""
+        i = int(np.searchsorted(self.timed_steps, step, side="right"))
+        return (int(self.timed_steps[i]), float(self.times[i])) if i < len(self.timed_steps) else None
+
+    def has_row_after(self, step: int) -> bool:
+        return bool(self.steps[-1] > step)
 
 
-def _time_at(c: Cols, step: int, side: str) -> tuple[int, float] | None:
-    """(step, time) of the last timed row at or before ``step`` (side 'le'), or the first after it ('gt')."""
-    timed = np.isfinite(c["time"])
-    pick = np.flatnonzero(timed & (c["step"] <= step if side == "le" else c["step"] > step))
-    if not len(pick):
-        return None
-    i = pick[-1] if side == "le" else pick[0]
-    return int(c["step"][i]), float(c["time"][i])
-
-
-def merge_checkpoints(checkpoints: list[dict], segments: dict[int, Cols],
+def merge_checkpoints(checkpoints: list[dict], segments: dict[int, Timeline],
                       cuts: dict[int, int | None]) -> list[Checkpoint]:
     """One ``Checkpoint`` per segment and step from every rank's events, with its cost and place."""
     groups: dict[tuple[int, int], list[dict]] = {}
@@ -209,7 +233,7 @@ def merge_checkpoints(checkpoints: list[dict], segments: dict[int, Cols],
         cut = cuts.get(seg)
         out.append(Checkpoint(step=step, segment=seg, seconds=seconds, measured=bool(measured),
                               bytes=sum(by_path.values()) if by_path else None,
-                              main=cut is None or step < cut, followed=bool((c["step"] > step).any()),
+                              main=cut is None or step < cut, followed=c.has_row_after(step),
                               deleted=all(bool(g.get("deleted")) for g in group)))
     return out
 
@@ -218,29 +242,28 @@ def _number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
 
 
-def _gap_estimate(c: Cols, step: int) -> float | None:
+def _gap_estimate(c: Timeline, step: int) -> float | None:
     """The write time a checkpoint without ``write_seconds`` took: its interval's time beyond its steps' time."""
-    before, after, per_step = _time_at(c, step, "le"), _time_at(c, step, "gt"), _per_step(c)
-    if before is None or after is None or per_step is None:
+    before, after = c.at_or_before(step), c.after(step)
+    if before is None or after is None or c.per_step is None:
         return None
-    return max(0.0, after[1] - before[1] - per_step * (after[0] - before[0]))
+    return max(0.0, after[1] - before[1] - c.per_step * (after[0] - before[0]))
 
 
-def _first_last(segments: dict[int, Cols], which: list[int]) -> tuple[dict[int, int], dict[int, int]]:
-    return ({k: int(segments[k]["step"][0]) for k in which}, {k: int(segments[k]["step"][-1]) for k in which})
+def _first_last(segments: dict[int, Timeline], which: list[int]) -> tuple[dict[int, int], dict[int, int]]:
+    return {k: segments[k].first for k in which}, {k: segments[k].last for k in which}
 
 
-def restarts(segments: dict[int, Cols], resumes: dict[int, int], skips: dict[int, tuple[int, int]],
+def restarts(segments: dict[int, Timeline], resumes: dict[int, int], skips: dict[int, tuple[int, int]],
              checkpoints: list[Checkpoint]) -> list[Restart]:
     """Each segment after the first: the main line it replaced (``segment_cuts`` over the segments before it),
     the time spent on that, and the downtime before it."""
-    order = sorted(k for k in segments if len(segments[k]["step"]))
+    order = sorted(segments)
     out = []
     for j in range(1, len(order)):
         seg, earlier = order[j], order[:j]
         first, last = _first_last(segments, earlier)
-        start = min(int(segments[seg]["step"][0]), resumes[seg] + 1) if seg in resumes \
-            else int(segments[seg]["step"][0])
+        start = min(segments[seg].first, resumes[seg] + 1) if seg in resumes else segments[seg].first
         cuts = segment_cuts(first, last, {k: resumes[k] for k in earlier if k in resumes})
         lost, branch = 0, 0.0
         for k in earlier:
@@ -256,13 +279,13 @@ def restarts(segments: dict[int, Cols], resumes: dict[int, int], skips: dict[int
     return out
 
 
-def _branch_seconds(c: Cols, lo: int, end: int, checkpoints: list[Checkpoint]) -> float | None:
+def _branch_seconds(c: Timeline, lo: int, end: int, checkpoints: list[Checkpoint]) -> float | None:
     """Wall time one segment spent on its steps lo..end: from the row before them to their last row, less the
     writes of checkpoints kept on the main line (at steps before lo) that fall in between."""
-    anchor = _time_at(c, lo - 1, "le")
+    anchor = c.at_or_before(lo - 1)
     if anchor is None:  # the whole segment was replaced: from its first timed row
-        anchor = _time_at(c, lo - 1, "gt")
-    stop = _time_at(c, end, "le")
+        anchor = c.after(lo - 1)
+    stop = c.at_or_before(end)
     if anchor is None or stop is None:
         return None
     kept = [k.seconds for k in checkpoints if anchor[0] <= k.step < lo]
@@ -271,11 +294,11 @@ def _branch_seconds(c: Cols, lo: int, end: int, checkpoints: list[Checkpoint]) -
     return max(0.0, stop[1] - anchor[1] - sum(kept))
 
 
-def _downtime(before: Cols, after: Cols, start: int, skip: tuple[int, int] | None) -> float | None:
+def _downtime(before: Timeline, after: Timeline, start: int, skip: tuple[int, int] | None) -> float | None:
     """From the last timed row of the segment before to the first timed row of this one, less the steps that
     row trained (skipped batches take no training time)."""
-    last, first = _time_at(before, int(before["step"][-1]), "le"), _time_at(after, int(after["step"][0]) - 1, "gt")
-    per_step = _per_step(after) or _per_step(before)
+    last, first = before.at_or_before(before.last), after.after(after.first - 1)
+    per_step = after.per_step or before.per_step
     if last is None or first is None or per_step is None:
         return None
     trained = first[0] - start + 1
@@ -306,16 +329,17 @@ def measure(segments: dict[int, Cols], checkpoints: list[dict], resumes: dict[in
     segments = {k: c for k, c in segments.items() if len(c["step"])}
     if not segments:
         return Measured()
-    first, last = _first_last(segments, sorted(segments))
+    lines = {k: Timeline.of(c) for k, c in segments.items()}
+    first, last = _first_last(lines, sorted(lines))
     cuts = segment_cuts(first, last, {k: s for k, s in resumes.items() if k in segments})
-    merged = merge_checkpoints(checkpoints, segments, cuts)
+    merged = merge_checkpoints(checkpoints, lines, cuts)
     times = np.concatenate([c["time"] for c in segments.values()])
     times = times[np.isfinite(times)]
     rates = np.concatenate([_rates(c, None if cuts[k] is None else c["step"] < cuts[k]) for k, c in segments.items()])
     main_steps = sorted({c.step for c in merged if c.main})
     spacing = np.diff(main_steps)
     return Measured(
-        checkpoints=merged, restarts=restarts(segments, resumes, skips, merged), stalls=stalls(findings, cuts),
+        checkpoints=merged, restarts=restarts(lines, resumes, skips, merged), stalls=stalls(findings, cuts),
         wall_seconds=float(times.max() - times.min()) if len(times) >= 2 else None,
         step_seconds=float(np.median(rates)) if len(rates) else None,
         interval_steps=float(np.median(spacing)) if len(spacing) else None)
