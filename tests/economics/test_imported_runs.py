@@ -113,3 +113,18 @@ def test_bloom_reshaping_restarts(tmp_path: Path) -> None:
     # Seconds per iteration are logged, but not when each attempt started: no wall time, no downtime.
     assert d["lost_hours"] is None and d["mtbf_hours"] is None and d["goodput"] is None
     assert d["checkpoint_seconds"] is None and d["retention"]["milestones"] is None
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("write_seconds", "slow", "'write_seconds' must be a finite number >= 0 or null, got 'slow'"),
+    ("write_seconds", -1.0, "'write_seconds' must be a finite number >= 0 or null, got -1.0"),
+    ("bytes", 1.5, "'bytes' must be an integer >= 0, got 1.5"),
+])
+def test_checkpoint_fields_of_the_jsonl_contract_are_checked(tmp_path: Path, field: str, value: object,
+                                                           message: str) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps({"step": 1, "loss": 2.0}) + "\n"
+                    + json.dumps({"event": "checkpoint", "step": 1, "path": "c", field: value}) + "\n")
+    with pytest.raises(ValueError, match=f"bad.jsonl:2: {message}"):
+        import_logs("jsonl", [path], tmp_path / "root", "bad")
+    assert not (tmp_path / "root" / "run=bad").exists()  # nothing of it lands
