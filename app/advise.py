@@ -85,15 +85,15 @@ def format_advice(run: str, advice: CheckpointAdvice, cost_per_hour: float | Non
                      + (f" from checkpoint {r.resume_step}" if r.resume_step is not None else "")
                      + f": {r.lost_steps} steps, {figure_text(r.branch_seconds, ' s')} on them, "
                      f"{figure_text(r.downtime_seconds, ' s')} down")
+    spacing = f" (every {m.interval_steps:g} steps at {m.step_seconds:.3g} s/step)" \
+        if m.current_seconds is not None else ""
     lines += [f"  goodput           {figure_text(m.goodput)}",
               "cadence (training time between checkpoints):",
-              f"  current  {figure_text(d['cadence']['current_minutes'], ' min')}"
-              + (f" (every {m.interval_steps:g} steps at {m.step_seconds:.3g} s/step)"
-                 if m.current_seconds is not None else "") + f"   lost {per_day(advice, m.current_seconds, cost_per_hour)}",
-              f"  Young    {figure_text(d['cadence']['young_minutes'], ' min')}   lost "
-              f"{per_day(advice, advice.young_seconds, cost_per_hour)}",
-              f"  Daly     {figure_text(d['cadence']['daly_minutes'], ' min')}   lost "
-              f"{per_day(advice, advice.daly_seconds, cost_per_hour)}"]
+              (f"  current  {figure_text(d['cadence']['current_minutes'], ' min')}{spacing}"
+               f"   lost {per_day(advice, m.current_seconds, cost_per_hour)}")]
+    for name, seconds in (("Young", advice.young_seconds), ("Daly", advice.daly_seconds)):
+        lines.append(f"  {name:<8} {figure_text(None if seconds is None else seconds / 60, ' min')}"
+                     f"   lost {per_day(advice, seconds, cost_per_hour)}")
     if advice.mtbf_seconds is None:
         lines.append("  (no interruption measured: pass --mtbf-hours to size the cadence)")
     lines += ["retention:", f"  {retention_line(advice)}", f"  why: {advice.retention.reason}"]

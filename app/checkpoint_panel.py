@@ -14,6 +14,9 @@ from runwatch.app import checkpoint_views as cv
 from runwatch.app import state
 from runwatch.economics.advice import CheckpointAdvice
 
+MIN_INPUT = 1e-6
+"""Smallest MTBF (hours) and checkpoint cost (seconds) the what-if takes: both must be positive."""
+
 
 @st.cache_data(max_entries=32, show_spinner=False)
 def load_advice(root_dir: str, run: str, sig: tuple[float, int], stamp: float, _report: object) -> CheckpointAdvice:
@@ -25,9 +28,9 @@ def load_advice(root_dir: str, run: str, sig: tuple[float, int], stamp: float, _
 def _whatif(run: str, advice: CheckpointAdvice) -> None:
     m = advice.measured
     left, mid, right = st.columns(3)
-    mtbf_h = left.number_input("MTBF (hours)", min_value=1e-6, value=_hours(advice.mtbf_seconds), format="%.4g",
-                               key=f"whatif_mtbf:{run}", placeholder="not measured: enter one")
-    delta = mid.number_input("checkpoint cost (seconds)", min_value=1e-6, value=m.checkpoint_seconds,
+    mtbf_h = left.number_input("MTBF (hours)", min_value=MIN_INPUT, value=_at_least(_hours(advice.mtbf_seconds)),
+                               format="%.4g", key=f"whatif_mtbf:{run}", placeholder="not measured: enter one")
+    delta = mid.number_input("checkpoint cost (seconds)", min_value=MIN_INPUT, value=_at_least(m.checkpoint_seconds),
                              format="%.4g", key=f"whatif_delta:{run}", placeholder="not measured: enter one")
     cost = right.number_input("cluster cost per hour ($)", min_value=0.0, value=None, format="%.2f",
                               key=f"whatif_cost:{run}", placeholder="optional")
@@ -37,6 +40,11 @@ def _whatif(run: str, advice: CheckpointAdvice) -> None:
     fig = cv.whatif_figure(delta, mtbf_h * 3600.0, current=m.current_seconds, restart=m.restart_seconds or 0.0,
                            cost_per_hour=cost)
     st.plotly_chart(fig, key=f"whatif_chart:{run}", config={"displaylogo": False})
+
+
+def _at_least(value: float | None) -> float | None:
+    """A measured figure as an input's default; one below the input's floor (a save timed at 0 s) is left empty."""
+    return value if value is not None and value >= MIN_INPUT else None
 
 
 def _hours(seconds: float | None) -> float | None:

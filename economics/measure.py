@@ -105,7 +105,7 @@ class Measured:
     @property
     def checkpoint_bytes(self) -> int | None:
         size = _median([c.bytes for c in self.checkpoints])
-        return None if size is None else int(round(size))
+        return None if size is None else round(size)
 
     @property
     def interruptions(self) -> int:
@@ -186,7 +186,7 @@ class Timeline:
     """Median wall seconds per step of the segment."""
 
     @classmethod
-    def of(cls, c: Cols) -> "Timeline":
+    def of(cls, c: Cols) -> Timeline:
         timed = np.isfinite(c["time"])
         rates = _rates(c)
         return cls(steps=c["step"], timed_steps=c["step"][timed], times=c["time"][timed],

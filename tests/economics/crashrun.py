@@ -6,6 +6,7 @@ bookkeeping: the tests compare ``runwatch advise`` with it.
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -56,7 +57,7 @@ class Truth:
 
     def seconds_per_step(self, segment: int) -> float:
         times = [t for (seg, _), t in sorted(self.row_time.items()) if seg == segment]
-        return statistics.median(b - a for a, b in zip(times, times[1:]))
+        return statistics.median(b - a for a, b in itertools.pairwise(times))
 
 
 def _segment(root: Path, run: str, plan: CrashPlan, truth: Truth, segment: int, start: int,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from pathlib import Path
@@ -76,7 +77,7 @@ def test_cadence_from_the_measured_figures(crashed: tuple[Path, Truth]) -> None:
     main = [t for (seg, step), t in sorted(truth.row_time.items(), key=lambda kv: kv[0][1])
             if (seg, step) in {(0, s) for s in range(41)} | {(1, s) for s in range(41, 81)}
             | {(2, s) for s in range(81, 120)}]
-    per_step = statistics.median(b - a for a, b in zip(main, main[1:]) if b > a)
+    per_step = statistics.median(b - a for a, b in itertools.pairwise(main) if b > a)
     assert d["cadence"]["current_minutes"] == pytest.approx(20 * per_step / 60, rel=0.15)
 
 
