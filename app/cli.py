@@ -134,6 +134,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout")
     p.set_defaults(func=_delegate("runwatch.app.check"))
 
+    p = sub.add_parser("advise", help="checkpoint cost, interruptions, lost work, cadence and retention",
+                       description="What checkpoints and interruptions cost a run, from its own record, and the "
+                                   "checkpoint interval (Young, Daly) and retention ladder to use.")
+    root_arg(p)
+    p.add_argument("--run", required=True, help="run to advise on")
+    p.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout")
+    p.add_argument("--mtbf-hours", type=float, help="mean time between interruptions (default: the run's own)")
+    p.add_argument("--cost-per-hour", type=float, help="what the cluster costs per hour, for the cost per day")
+    p.set_defaults(func=_delegate("runwatch.app.advise"))
+
     p = sub.add_parser("dashboard", help="serve the on-call dashboard", description="Serve the Streamlit dashboard over ROOT.")
     root_arg(p)
     p.add_argument("--port", type=int, default=8501, help="port (default 8501)")

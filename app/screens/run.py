@@ -13,6 +13,7 @@ import pandas as pd
 import streamlit as st
 
 from runwatch.app import escape, state, views
+from runwatch.app.checkpoint_panel import checkpoint_panel
 
 
 def _pick_run(root_dir: str) -> str | None:
@@ -128,6 +129,8 @@ def run_page(root_dir: str) -> None:
     _charts(root_dir, run, report, sig)
     if report is not None and report.findings:
         _findings(report.findings)
+    if report is not None:
+        checkpoint_panel(root_dir, run, report, sig)
     with st.expander("segments"):
         st.dataframe(pd.DataFrame(state.load_segments(root_dir, run, sig)), hide_index=True)
 

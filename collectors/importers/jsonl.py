@@ -119,6 +119,12 @@ def parse_event(obj: dict) -> dict:
     for key in PLACEMENT_FIELDS:
         if obj.get(key) is not None:
             ev[key] = _as_int(obj[key], key, 0)
+    if kind == "checkpoint":  # the blocking save time and the size, read by `runwatch advise`
+        if obj.get("write_seconds") is not None and not (_is_number(obj["write_seconds"])
+                                                         and 0 <= obj["write_seconds"] < math.inf):
+            raise ValueError(f"'write_seconds' must be a finite number >= 0 or null, got {obj['write_seconds']!r}")
+        if obj.get("bytes") is not None:
+            ev["bytes"] = _as_int(obj["bytes"], "bytes", 0)
     if kind == "resume" and obj.get("skip_batches") is not None:
         skip = obj["skip_batches"]
         if not (isinstance(skip, list) and len(skip) == 2 and all(_is_number(x) for x in skip)):
