@@ -143,8 +143,10 @@ class BlockBaseline:
 
     def __init__(self, *, block: int, window: int, min_blocks: int, rel_floor: float, abs_floor: float,
                  follow_last: bool = True, wander: bool = False, detrend: bool = False,
-                 wander_window: int | None = None, follow_rising_noise: bool = False) -> None:
+                 wander_window: int | None = None, follow_rising_noise: bool = False,
+                 long_noise_floor: float = 0.5) -> None:
         self.block, self.window, self.min_blocks = block, window, min_blocks
+        self.long_noise_floor = long_noise_floor
         self.follow_rising_noise = follow_rising_noise
         self.rel_floor, self.abs_floor = rel_floor, abs_floor
         self.follow_last, self.wander, self.detrend = follow_last, wander, detrend
@@ -202,7 +204,7 @@ class BlockBaseline:
         between, noise_long = self._between(k, valid, med_w)
         # The noise does not drop below half its long-run level in a window: a stretch of repeated values (a
         # log printed with few digits, a stalled counter) would otherwise make every normal value an outlier.
-        spread = np.fmax(spread, 0.5 * noise_long)
+        spread = np.fmax(spread, self.long_noise_floor * noise_long)
         noise = np.where(np.isfinite(spread), spread, 0.0)
         excess = np.maximum(np.where(np.isfinite(between), between, 0.0) ** 2 - 1.57 * noise ** 2 / self.block, 0.0)
         total = np.sqrt(noise ** 2 + excess)

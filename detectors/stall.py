@@ -43,9 +43,12 @@ class StallScanner:
         self.segment, self.cfg = ctx.segment, ctx.config.stall
         self.pos = 0
         # The interval's spread includes the host's wander (over a long history): a noisy host's slow stretch
-        # is not a pause.
+        # is not a pause. Nor is its noise ever taken below the long-run noise: a MAD of 64 intervals is
+        # uncertain by ~15%, and a calm window's low estimate made a noisy host's ordinary 5-sigma interval a
+        # "stall" (bench/calibrate.py: 32 of 34 false alarms in 3M healthy steps before this).
         self.base = BlockBaseline(block=self.cfg.block, window=self.cfg.window_blocks, min_blocks=2,
-                                  rel_floor=0.01, abs_floor=1e-9, wander=True, wander_window=4 * self.cfg.window_blocks)
+                                  rel_floor=0.01, abs_floor=1e-9, wander=True, wander_window=4 * self.cfg.window_blocks,
+                                  long_noise_floor=1.0)
         self.hits: list[int] = []
         self.allowance: list[float] = []  # checkpoint seconds inside each hit's interval
         self.per_step = Grow()
