@@ -74,7 +74,7 @@ CONTRACT = ("a checkpoint at step s holds the update of step s, and the first ba
 
 
 def _health(ckpt_step: int, main: dict[str, np.ndarray], findings: list[Finding],
-            window: int, incident: str) -> tuple[bool, str, int | None]:
+            window: int, climb_ratio: float) -> tuple[bool, str, int | None]:
     """OPT criteria over the observations up to the checkpoint: (healthy, why, start of an act-norm climb or None)."""
     steps = main["step"]
     upto = int(np.searchsorted(steps, ckpt_step, side="right"))
@@ -91,13 +91,25 @@ def _health(ckpt_step: int, main: dict[str, np.ndarray], findings: list[Finding]
         # Inside an incident (or at the step before its first bad value, which may hold its update).
         if f.kind not in NO_ROLLBACK_KINDS and f.severity != "info" and f.onset_step - 1 <= ckpt_step <= f.end_step:
             return False, f"inside the {f.kind} from step {f.onset_step}", None
-    # OPT's precursor: an activation-norm climb into a divergence. It is no sign of a NaN from a bad batch, a
-    # loss-scale collapse or a spike, whose checkpoints are judged by their own onsets.
-    growth = _after_warmup(act_growth_start(steps, main["act_norm"], ckpt_step + 1), main) \
-        if incident == "divergence" else None
+    growth = _climb(main, ckpt_step + 1, climb_ratio)
     if growth is not None:
         return False, f"activation norm climbing since step {growth}", growth
     return True, HEALTHY, None
+
+
+def _climb(main: dict[str, np.ndarray], before_step: int, ratio: float) -> int | None:
+    """Start of an activation-norm climb into ``before_step`` (after the warm-up) that has multiplied the norm by
+    ``ratio`` by then: OPT's precursor. A small model's natural growth of tens of percent is no precursor."""
+    steps, act = main["step"], main["act_norm"]
+    start = _after_warmup(act_growth_start(steps, act, before_step), main)
+    if start is None:
+        return None
+    i, j = int(np.searchsorted(steps, start)), int(np.searchsorted(steps, before_step))
+    a, b = act[max(i - 8, 0):i + 1], act[max(j - 8, i):j]
+    a, b = a[np.isfinite(a)], b[np.isfinite(b)]
+    if not len(a) or not len(b) or np.median(a) <= 0:
+        return None
+    return start if float(np.median(b) / np.median(a)) >= ratio else None
 
 
 def _after_warmup(growth: int | None, main: dict[str, np.ndarray]) -> int | None:
@@ -144,7 +156,7 @@ def _on_main_line(ckpt: dict, segments: list[SegmentInfo]) -> bool:
 
 
 def _choose(checkpoints: list[dict], cutoff: int, main: dict[str, np.ndarray], findings: list[Finding],
-            present_paths: set[str] | None, segments: list[SegmentInfo], incident: str,
+            present_paths: set[str] | None, segments: list[SegmentInfo], climb_ratio: float,
             window: int) -> tuple[dict | None, dict | None, list[dict], int]:
     """(chosen, the better one that is gone, rejected with reasons latest first, the final cutoff step)."""
     rejected, missing = [], None
@@ -152,7 +164,7 @@ def _choose(checkpoints: list[dict], cutoff: int, main: dict[str, np.ndarray], f
         if ckpt["step"] >= cutoff:  # a climb found on a later checkpoint moved the cutoff back
             rejected.append({"step": ckpt["step"], "why": f"after the activation-norm climb from step {cutoff}"})
             continue
-        healthy, why, growth = _health(ckpt["step"], main, findings, window, incident)
+        healthy, why, growth = _health(ckpt["step"], main, findings, window, climb_ratio)
         if not healthy:
             rejected.append({"step": ckpt["step"], "why": why})
             # The climb into a rejected checkpoint began at ``growth``: a checkpoint taken after that
@@ -233,13 +245,11 @@ def advise(findings: list[Finding], checkpoints: list[dict], main: dict[str, np.
     cutoff = healthy_step  # checkpoints strictly before the last healthy logged step
     evidence = {"finding": target.kind, "onset_step": target.onset_step, "incident_onset_step": onset,
                 "last_healthy_step": healthy_step}
-    growth = _after_warmup(target.evidence.get("act_norm_climb_step")
-                           or (act_growth_start(main["step"], main["act_norm"], onset)
-                               if target.kind == "divergence" else None), main)
+    growth = _after_warmup(target.evidence.get("act_norm_climb_step"), main) or _climb(main, onset, cfg.act_climb_ratio)
     if growth is not None and growth <= cutoff:
         cutoff, evidence["act_norm_growth_from"] = growth, growth
     chosen, missing, rejected, walked = _choose(checkpoints, cutoff, main, findings, present_paths, segments or [],
-                                                target.kind, cfg.health_window)
+                                                cfg.act_climb_ratio, cfg.health_window)
     if walked < cutoff:
         cutoff = evidence["act_norm_growth_from"] = walked
     skip, positions = skip_window(chosen["step"] if chosen else None, target, main, cfg)

@@ -261,6 +261,11 @@ class AdviceConfig:
 
     health_window: int = 64
     """Observations before a checkpoint that must look healthy (OPT criteria)."""
+    act_climb_ratio: float = 1.5
+    """An activation-norm climb rejects the checkpoints taken during it once it has grown the norm 1.5x (the
+    gradient-norm growth that marks a broken trend, ``DivergenceConfig.grad_growth``): OPT's logbook shows
+    multiples before its blow-ups, while a small model's natural growth of tens of percent over hundreds of
+    steps is no precursor (it walked a NaN's rollback hundreds of steps too far back)."""
     replay_before: int = 100
     """Batches before the onset to start skipping (PaLM restarted ~100 steps before a spike)..."""
     skip_after: int = 100
