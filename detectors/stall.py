@@ -46,8 +46,12 @@ class StallScanner:
         # is not a pause. Nor is its noise ever taken below the long-run noise: a MAD of 64 intervals is
         # uncertain by ~15%, and a calm window's low estimate made a noisy host's ordinary 5-sigma interval a
         # "stall" (bench/calibrate.py: 32 of 34 false alarms in 3M healthy steps before this).
+        # Step time varies by factors (a slow stretch takes 1.3x, not +0.3 s), so its baseline is kept in log:
+        # a sigma of the raw interval under-states the long right tail of a wandering host (a 100-step interval
+        # 1.7x its usual length is a 3.5-sigma log excursion, a "6-sigma" raw one: 6 of the 8 false alarms
+        # left in 3M healthy steps by bench/calibrate.py). The 1% floor is the jitter of a steady host's timer.
         self.base = BlockBaseline(block=self.cfg.block, window=self.cfg.window_blocks, min_blocks=2,
-                                  rel_floor=0.01, abs_floor=1e-9, wander=True, wander_window=4 * self.cfg.window_blocks,
+                                  rel_floor=0.0, abs_floor=0.01, wander=True, wander_window=4 * self.cfg.window_blocks,
                                   long_noise_floor=1.0)
         self.hits: list[int] = []
         self.allowance: list[float] = []  # checkpoint seconds inside each hit's interval
@@ -60,26 +64,29 @@ class StallScanner:
             self.pos = max(self.pos, n)
             return
         self.base.update(self._per_step(steps, times, n))
-        base, scale = self.base.at(lo, n)
+        log_base, log_scale = self.base.at(lo, n)
+        base = np.exp(log_base)
         k = steps[lo:n] - steps[lo - 1:n - 1]
         allowed = allowance[lo:n]
         unknown = np.isnan(allowed)  # a checkpoint of unknown write time: only the whole-interval ratio
         excess = times[lo:n] - times[lo - 1:n - 1] - np.where(unknown, 0.0, allowed) - base * k
-        with np.errstate(invalid="ignore"):
+        with np.errstate(invalid="ignore", divide="ignore"):
             stalled = ((excess > (cfg.ratio - 1) * base) & (excess > cfg.min_seconds)
-                       & (excess > cfg.z * k * scale) & (~unknown | (excess > (cfg.ratio - 1) * base * k)))
+                       & (np.log1p(excess / (base * k)) > cfg.z * log_scale)
+                       & (~unknown | (excess > (cfg.ratio - 1) * base * k)))
         hit = np.flatnonzero(stalled)
         self.hits.extend((lo + hit).tolist())
         self.allowance.extend(np.where(unknown, 0.0, allowed)[hit].tolist())
         self.pos = n
 
     def _per_step(self, steps: np.ndarray, times: np.ndarray, n: int) -> np.ndarray:
-        """Per-step time of every row so far, kept incrementally so streaming stays O(1)."""
+        """Log per-step time of every row so far, kept incrementally so streaming stays O(1)."""
         have = self.per_step.size
         if n > have:
             lo = max(have - 1, 0)
             dt, _ = step_times(steps[lo:n], times[lo:n])
-            self.per_step.extend(dt[have - lo:])
+            with np.errstate(invalid="ignore", divide="ignore"):
+                self.per_step.extend(np.log(np.where(dt > 0, dt, np.nan))[have - lo:])
         return self.per_step.view
 
     def findings(self, obs: Observations) -> list[Finding]:
@@ -87,7 +94,7 @@ class StallScanner:
         out = []
         for i, allowed in zip(self.hits, self.allowance):
             gap = float(times[i] - times[i - 1])
-            base = float(self.base.at(i, i + 1)[0][0])
+            base = math.exp(float(self.base.at(i, i + 1)[0][0]))
             expected = base * int(steps[i] - steps[i - 1])
             out.append(Finding(
                 kind="stall", onset_step=int(steps[i - 1]), end_step=int(steps[i]), peak_step=int(steps[i]),
