@@ -166,6 +166,9 @@ class ScalerConfig:
     growth_interval: int = 1000
     """The scaler's growth interval when the run's metadata does not say (DeepSpeed's and Megatron's
     ``loss_scale_window`` default; GradScaler's is 2000): the healthy skip rate is about its inverse."""
+    level_window: float = 8.0
+    """Growth intervals over which the median logged scale is the scaler's usual level, from which a halving
+    chain's depth is counted (a sawtooth spends most of its time within one doubling of it)."""
     recovered_within: float = 4.0
     """Halvings: back within 2^4 of the scale before the burst counts as regrown (one step from 8 to 16 does not)."""
     patience_steps: int = 200
@@ -179,6 +182,7 @@ class ScalerConfig:
         _check(self.floor > 0 and self.min_halvings > 0, "floor and min_halvings must be > 0")
         _check(0 < self.skip_rate < 1 and self.skip_h > 0, "need 0 < skip_rate < 1 and skip_h > 0")
         _check(self.growth_interval >= 1 and self.calibration_steps >= 0, "bad growth_interval or calibration_steps")
+        _check(self.level_window > 0, "level_window must be > 0")
 
 
 @dataclass(kw_only=True, frozen=True)

@@ -62,6 +62,7 @@ class ScalerScanner:
         self.chain_closed: list[dict] = []
         self.chain_prev, self.chain_grew = math.nan, False
         self.chain_prev_step: int | None = None
+        self.drop_step, self.drop_scale = Grow(np.int64), Grow()  # every decrease of the logged scale: step, scale before
 
     def advance(self, obs: Observations) -> None:
         steps, scale = obs["step"], obs["loss_scale"]
@@ -114,11 +115,15 @@ class ScalerScanner:
             if ch is not None and ch["calibration"] and since >= self.cfg.calibration_steps:
                 ch = self.chain = None  # the opening calibration is over: a later halving starts a chain of its own
             if ch is None:
-                ch = self.chain = {"first": i, "last_skip": i, "min": now, "min_i": i, "before": before,
+                ch = self.chain = {"first": i, "last_skip": i, "min": now, "min_i": i,
+                                   "before": before, "ref": min(before, self._ceiling(i, steps)),
                                    "num_skipped": 0.0, "halvings": 0.0,
                                    "calibration": not self.chain_grew and since < self.cfg.calibration_steps}
             ch["last_skip"] = i
-            ch["halvings"] = math.log2(ch["before"] / now) if now > 0 and ch["before"] > 0 else math.inf
+            self.drop_step.append(int(steps[i]))
+            self.drop_scale.append(before)
+            # The depth counts from the scale it usually overflows at; the recovery aims at the scale before.
+            ch["halvings"] = math.log2(ch["ref"] / now) if now > 0 and ch["ref"] > 0 else math.inf
             if "alarm" not in ch and ch["halvings"] >= self.cfg.min_halvings and not ch["calibration"]:
                 ch["alarm"], ch["first"] = i, self._onset(ch["first"], i, steps)
             ch["num_skipped"] += max(round(math.log2(before / now)), 1) if now > 0 and before > 0 else 1
@@ -126,6 +131,15 @@ class ScalerScanner:
                 ch["min"], ch["min_i"] = now, i
         self.chain_prev = float(vals[-1])
         self.chain_prev_step = int(steps[rows[-1]])
+
+    def _ceiling(self, i: int, steps: np.ndarray) -> float:
+        """The scale this scaler usually overflows at: the median scale before its halvings of the last
+        ``level_window`` growth intervals (inf before any). A healthy sawtooth now and then regrows one doubling
+        above it and falls straight back; a chain counted from that peak is a halving or two deeper than the
+        scaler ever fell (bench/calibrate.py: both false collapses left in 3M healthy steps were such peaks)."""
+        since = int(steps[i]) - self.cfg.level_window * float(self.intervals.view[i])
+        past = self.drop_scale.view[int(np.searchsorted(self.drop_step.view, since)):]
+        return float(np.median(past)) if len(past) else math.inf
 
     def _skips(self, lo: int, n: int, obs: Observations) -> tuple[np.ndarray, int, np.ndarray]:
         """Skipped steps on each row (the flag or the halvings of the logged scale), the first growth row,
