@@ -151,3 +151,74 @@ def test_5_a_cold_onset_is_not_carried_back_through_a_warm_up_but_a_x20_grad_nor
     grad[27:37] *= 5.0
     [f] = analyze(rows_table(steps, loss=loss, grad_norm=grad)).findings
     assert (f.kind, f.onset_step, f.evidence["grad_norm_moved_first"]) == ("spike", 26, True)
+
+
+# 6. A loss excursion under an LR still raised (not the schedule) is a divergence, recovered or not (e044303).
+
+@pytest.mark.parametrize("held", [True, False])
+def test_6_a_spike_under_an_lr_still_raised_is_a_divergence_even_if_the_loss_came_back(held: bool) -> None:
+    """The LR x10 from step 1500 and held (held) or for two steps only; the loss jumps and is back on its trend
+    within ~60 steps either way. Held: a critical divergence with a rollback before 1500. Fails on e044303^ (a
+    recovered spike, no advice). The burst that is over stays a recovered spike (guard)."""
+    n = 2400
+    steps = np.arange(n)
+    loss, grad = loss_curve(n), grad_curve(n)
+    lr = np.full(n, 3e-4)
+    if held:
+        lr[1500:] = 3e-3
+    else:
+        lr[1499:1501] = 3e-3
+    loss[1500:1560] += 1.5 * np.exp(-np.arange(60) / 12)
+    grad[1500:1530] *= 6
+    report = analyze(rows_table(steps, loss=loss, grad_norm=grad, lr=lr), _ckpts([1000, 1400]))
+    [f] = report.findings
+    if held:
+        assert (f.kind, f.severity, f.needs_action, f.onset_step) == ("divergence", "critical", True, 1500)
+        assert f.evidence["lr_still_raised"] and report.rollback.checkpoint_step == 1400
+    else:
+        assert (f.kind, f.severity, f.self_recovered, f.needs_action) == ("spike", "warning", True, False)
+        assert report.rollback is None
+
+
+# 7. A divergence begins where the LR began rising into it; the opening warm-up is the schedule (c379eae, 8f0cd39).
+
+def _warmup_lr(steps: np.ndarray, end: int) -> np.ndarray:
+    return np.interp(steps, [0, end, steps[-1]], [3e-6, 3e-4, 3e-4])
+
+
+def test_7a_after_a_slow_lr_ramp_the_rollback_precedes_the_ramp() -> None:
+    """The LR ramps x10 over steps 1501-1560 and the loss climbs from 1580: the divergence starts at the first
+    update under the raised LR and the advice is the checkpoint before it. Fails on c379eae^ (onset at the loss
+    climb, ~1588, advising checkpoint 1560, taken under the raised LR)."""
+    n = 2000
+    steps = np.arange(n)
+    lr = _warmup_lr(steps, 200)
+    lr[1500:] = np.interp(steps[1500:], [1500, 1560], [3e-4, 3e-3])
+    loss = loss_curve(n)
+    loss[1580:] += np.linspace(0, 3, n - 1580) ** 1.5
+    report = analyze(rows_table(steps, loss=loss, grad_norm=grad_curve(n), lr=lr),
+                     _ckpts([1000, 1300, 1450, 1520, 1560]))
+    [div] = report.findings
+    assert (div.kind, div.onset_step, div.evidence["lr_rise_step"]) == ("divergence", 1501, 1501)
+    assert report.rollback.checkpoint_step == 1450, report.rollback.reason
+
+
+@pytest.mark.parametrize("grad_grows_in_warmup", [False, True])
+def test_7b_the_opening_warm_up_is_not_a_ramp(grad_grows_in_warmup: bool) -> None:
+    """A divergence soon after the opening LR warm-up (steps 0-300). Its onset stays after the warm-up: neither the
+    warm-up's LR rise (guard: passes on c379eae^, where no LR rise moved an onset) nor a gradient norm that began
+    growing inside the warm-up (the model answering the rising LR) carries it back. The latter fails on 8f0cd39^
+    (onset ~100, advising checkpoint 50)."""
+    n = 800
+    steps = np.arange(n)
+    grad = grad_curve(n)
+    climb = 400 if grad_grows_in_warmup else 330
+    if grad_grows_in_warmup:
+        grad *= np.interp(steps, [0, 100, n], [1, 1, 1 + (n - 100) / 100])  # growing from 100 on, linearly
+    loss = loss_curve(n)
+    loss[climb:] += np.linspace(0, 3, n - climb) ** 1.5
+    rows = rows_table(steps, loss=loss, grad_norm=grad, lr=_warmup_lr(steps, 300))
+    report = analyze(rows, _ckpts([50, 150, 250, 320]))
+    [div] = report.findings
+    assert (div.kind, div.onset_step > 300, div.evidence["lr_rise_step"]) == ("divergence", True, None), div.onset_step
+    assert report.rollback.checkpoint_step == 320, report.rollback.reason
