@@ -222,3 +222,127 @@ def test_7b_the_opening_warm_up_is_not_a_ramp(grad_grows_in_warmup: bool) -> Non
     [div] = report.findings
     assert (div.kind, div.onset_step > 300, div.evidence["lr_rise_step"]) == ("divergence", True, None), div.onset_step
     assert report.rollback.checkpoint_step == 320, report.rollback.reason
+
+
+# 8. The fp16 scaler (93fb755, a5c0c2e).
+
+def _scaler_rows(steps: np.ndarray, scale: np.ndarray, **cols: np.ndarray) -> pa.Table:
+    n = len(steps)
+    return rows_table(steps, loss=loss_curve(n), grad_norm=grad_curve(n), loss_scale=scale, **cols)
+
+
+def test_8a_a_coarse_log_with_a_skip_flag_counts_the_halvings_between_rows() -> None:
+    """A log every 10 steps whose logged steps ran clean (found_inf False) while the scale halves three times and
+    regrows, over and over, from step 4000: a skip burst with or without the flag column. Fails on 93fb755^ (with
+    the flag logged, its False hid the halvings: no finding)."""
+    n = 800
+    steps = np.arange(n) * 10
+    phase = (np.arange(n) - 400) % 6
+    change = np.where(np.arange(n) < 400, 1.0, np.where(phase < 3, 0.5, 2.0))
+    scale = 65536.0 * np.cumprod(change)
+    flagged = analyze(_scaler_rows(steps, scale, found_inf=np.zeros(n, bool))).findings
+    unflagged = analyze(_scaler_rows(steps, scale)).findings
+    assert [(f.kind, f.onset_step, f.needs_action) for f in flagged] == [("scaler_collapse", 4000, True)]
+    assert flagged == unflagged
+
+
+def test_8b_a_flagged_step_and_its_halving_on_the_next_row_are_one_skip() -> None:
+    """Guard (passes on 93fb755^ too): a per-step log flags six skipped steps, each one's halving showing on the next
+    row; counting the flag and the halving both would double the skips."""
+    n = 1800
+    steps = np.arange(n)
+    skipped = np.zeros(n, bool)
+    skipped[1200:1206] = True
+    scale = np.full(n, 4096.0)
+    scale[1201:] = 4096.0 / 2.0 ** np.minimum(np.arange(1, n - 1200), 6)
+    [f] = analyze(_scaler_rows(steps, scale, found_inf=skipped)).findings
+    assert (f.kind, f.onset_step, f.evidence["num_skipped"]) == ("scaler_collapse", 1200, 6)
+
+
+def test_8c_a_slide_long_after_calibration_is_a_collapse_though_the_scale_never_grew() -> None:
+    """The scale calibrates 65536 -> 1024 in the first steps and never grows; from step 1000 it halves every 200
+    steps (too slow for the skip-rate test) down to 8. Fails on a5c0c2e^ (the calibration chain never ended without
+    a growth: the slide was excused as calibration). Calibration alone stays quiet (guard)."""
+    n = 2400
+    steps = np.arange(n)
+    scale = np.full(n, 1024.0)
+    scale[:7] = 65536.0 / 2.0 ** np.arange(7)
+    meta = {"scaler": {"growth_interval": 2000}}
+    assert analyze(_scaler_rows(steps, scale), meta=meta).findings == []
+    for at in range(1000, n, 200):
+        scale[at:] /= 2
+    found = analyze(_scaler_rows(steps, scale), meta=meta).findings
+    assert [(f.kind, f.needs_action) for f in found] == [("scaler_collapse", True)]
+    assert 1000 <= found[0].onset_step <= 1600
+
+
+# 9. A stall is judged against the host's long-run interval noise, never a calm window's (f6c6115).
+
+@pytest.mark.parametrize("seed", range(4))
+def test_9_an_ordinary_interval_after_a_calm_window_is_not_a_stall(seed: int) -> None:
+    """A log every 1000 steps whose interval time varies 2% (sd); 40 intervals calm (0.5%), then one 3.75 sd long,
+    under the rule's own 6 sd of the host's noise: no stall. A 10-minute pause there still is one. Fails on
+    f6c6115^ (the calm window's low estimate made that interval a stall)."""
+    n, k, rng = 700, 1000, np.random.default_rng(seed)
+    steps = (np.arange(n) + 1) * k
+    eps = rng.normal(0, 0.02, n)
+    eps[424:464] = rng.normal(0, 0.005, 40)
+    eps[464] = 3.75 * 0.02
+    per_interval = k * 0.5 * (1 + eps)
+    report = analyze(rows_table(steps, time=np.cumsum(per_interval), loss=loss_curve(n), grad_norm=grad_curve(n)))
+    assert [f for f in report.findings if f.kind == "stall"] == []
+    per_interval[464] += 600.0
+    report = analyze(rows_table(steps, time=np.cumsum(per_interval), loss=loss_curve(n), grad_norm=grad_curve(n)))
+    [stall] = [f for f in report.findings if f.kind == "stall"]
+    assert (stall.onset_step, stall.severity) == (464 * k, "warning")
+
+
+# 10. A resumed fp16 scaler re-calibrating is no bad resume; re-spiking losses are (242a2e5).
+
+@pytest.mark.parametrize("inf_grads, loss_jump", [(True, False), (False, True), (True, True)])
+def test_10_an_inf_grad_norm_alone_after_a_resume_is_not_a_bad_resume(inf_grads: bool, loss_jump: bool) -> None:
+    """Segment 1 resumes from checkpoint 1400 of segment 0 (rows to 1799). Its first three steps log an infinite
+    gradient norm, found_inf and a halving scale (GradScaler re-calibrating): healthy. Fails on 242a2e5^ (a
+    critical bad_resume). Losses 1.5 above the parent's level are a bad resume, with or without them (guard)."""
+    s0, s1 = np.arange(0, 1800), np.arange(1401, 2400)
+    loss0, grad0 = loss_curve(2400)[:1800], grad_curve(2400)[:1800]
+    loss1, grad1 = loss_curve(2400, seed=5)[1401:], grad_curve(2400, seed=6)[1401:]
+    scale1, skipped1 = np.full(len(s1), 8192.0), np.zeros(len(s1), bool)
+    if inf_grads:
+        grad1[:3], skipped1[:3], scale1[:3] = np.inf, True, 65536.0 / 2.0 ** np.arange(3)
+    if loss_jump:
+        loss1[:20] += 1.5
+    rows = rows_table(np.concatenate([s0, s1]), segment=np.concatenate([np.zeros(len(s0)), np.ones(len(s1))]),
+                      loss=np.concatenate([loss0, loss1]), grad_norm=np.concatenate([grad0, grad1]),
+                      loss_scale=np.concatenate([np.full(len(s0), 32768.0), scale1]),
+                      found_inf=np.concatenate([np.zeros(len(s0), bool), skipped1]))
+    report = analyze(rows, _ckpts([1000, 1400], resume=(1, 1400)))
+    if loss_jump:
+        [bad] = report.findings
+        assert (bad.kind, bad.segment, bad.onset_step, bad.needs_action) == ("bad_resume", 1, 1401, True)
+        assert report.rollback.checkpoint_step == 1000
+    else:
+        assert report.findings == [] and report.health == "healthy"
+
+
+# 11. An activation-norm climb rejects checkpoints once it has grown the norm 1.5x, for any incident
+#     (dfe7bc7 kept natural growth from walking a NaN's advice back; 1d0d17b restored a real climb for all kinds).
+
+@pytest.mark.parametrize("start, growth, advised", [(600, 1.4, 2400), (1800, 2.0, 1700)])
+def test_11_only_a_real_activation_norm_climb_walks_a_nans_rollback_back(start: int, growth: float,
+                                                                         advised: int) -> None:
+    """The loss and gradient norm turn NaN at step 2500; the activation norm grows from ``start`` to 2500 by
+    ``growth``. A small model's natural x1.4 over 1900 steps leaves the advice at the last checkpoint, 2400: fails on
+    dfe7bc7^ (walked back to 500). A x2 climb from 1800 rejects the checkpoints taken during it (1700): fails on
+    1d0d17b^ (2400, after dfe7bc7 no climb rejected a NaN's checkpoints)."""
+    n, rng = 2600, np.random.default_rng(0)
+    steps = np.arange(n)
+    loss, grad = loss_curve(n), grad_curve(n)
+    act = 20.0 * np.interp(steps, [0, start, 2500, n], [1, 1, growth, growth]) * np.exp(rng.normal(0, 0.01, n))
+    loss[2500:] = grad[2500:] = np.nan
+    report = analyze(rows_table(steps, loss=loss, grad_norm=grad, act_norm=act),
+                     _ckpts([500, 1000, 1500, 1700, 2000, 2200, 2400]))
+    assert [(f.kind, f.onset_step) for f in report.findings] == [("nan", 2500)]
+    rb = report.rollback
+    assert rb.checkpoint_step == advised, rb.reason
+    assert (rb.evidence.get("act_norm_growth_from") is None) is (growth < 1.5)
