@@ -1,0 +1,348 @@
+"""Regression tests, one per failure class, for the detector fixes of the generalisation round.
+
+Each test builds a small synthetic series in code and judges it through ``analyze`` (or
+``StreamingAnalyzer`` against it). Each fails on the commit before its fix, named in its docstring
+(``git log -- detectors`` on main); a part marked "guard" passes there too and keeps a naive fix honest.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from runwatch.detectors.analysis import Report, analyze
+from runwatch.detectors.finding import Finding
+from runwatch.detectors.streaming import StreamingAnalyzer
+from tests.detectors.synth import events_table, grad_curve, loss_curve, rows_table
+
+
+def _ckpts(steps: list[int], resume: tuple[int, int] | None = None) -> pa.Table:
+    events = [{"event": "checkpoint", "step": s, "payload": {"path": f"/ckpt/{s}"}} for s in steps]
+    if resume is not None:  # (segment, checkpoint step)
+        events.append({"event": "resume", "segment": resume[0], "step": resume[1],
+                       "payload": {"path": f"/ckpt/{resume[1]}"}})
+    return events_table(events)
+
+
+def _alarms(report: Report, kind: str | None = None) -> list[Finding]:
+    """Warning-or-critical findings: what counts against the false-alarm budget (DETECTION.md section 4)."""
+    return [f for f in report.findings if f.severity != "info" and (kind is None or f.kind == kind)]
+
+
+def _trend(n: int) -> np.ndarray:
+    steps = np.arange(n)
+    return 3.0 + 2.0 * np.exp(-steps / 300)  # synth.loss_curve without its noise
+
+
+# 1. The spike scale follows rising noise (257a1e9).
+
+@pytest.mark.parametrize("seed", range(8))
+def test_1_loss_noise_growing_block_after_block_is_not_a_stream_of_spikes(seed: int) -> None:
+    """The loss noise grows x1.6 per 16-observation block for six blocks (x17, as early training's spread does),
+    then stays there: no alarm. Fails on 257a1e9^ (a scale two blocks behind called it 10-sigma spikes)."""
+    n, rng = 1200, np.random.default_rng(seed)
+    steps = np.arange(n)
+    sigma = 0.02 * 1.6 ** np.interp(steps, [0, 400, 496, n], [0, 0, 6, 6])
+    loss = _trend(n) + rng.normal(0, 1, n) * sigma
+    assert _alarms(analyze(rows_table(steps, loss=loss, grad_norm=grad_curve(n, seed=seed + 10)))) == []
+    # A real spike on the grown noise is still one.
+    loss[900:930] += 10 * sigma[-1] * np.exp(-np.arange(30) / 10)
+    spikes = _alarms(analyze(rows_table(steps, loss=loss, grad_norm=grad_curve(n, seed=seed + 10))), "spike")
+    assert [f.onset_step for f in spikes] == [900]
+
+
+# 2. "The noise grew" is info, not a spike, when the far-out values fall below as often as above
+#    (257a1e9 introduced it; 55773f0 made it a sign test).
+
+@pytest.mark.parametrize("seed", range(6))
+def test_2a_noise_that_jumps_tenfold_is_an_info_that_the_noise_grew(seed: int) -> None:
+    """At step 800 the loss noise jumps x10, symmetric about the trend. Fails on 257a1e9^ (spike alarms, some
+    critical, in most seeds)."""
+    n, rng = 1500, np.random.default_rng(seed)
+    steps = np.arange(n)
+    loss = _trend(n) + rng.normal(0, 1, n) * np.where(steps < 800, 0.02, 0.2)
+    report = analyze(rows_table(steps, loss=loss, grad_norm=grad_curve(n, seed=seed + 10)))
+    assert _alarms(report) == []
+    [f] = report.findings
+    assert (f.kind, f.needs_action, f.evidence.get("noise_grew")) == ("spike", False, True)
+    assert 800 <= f.onset_step <= 816 and "noise grew" in f.message
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_2b_a_spike_whose_recovery_dips_under_the_old_band_is_still_a_spike(seed: int) -> None:
+    """A spike (+1.0, decaying) with two easy batches 15 sigma under the trend during its recovery: far more
+    far-out values above than below, so no sign of symmetric noise. Fails on 55773f0^ (the second value far
+    below called it 'the noise grew', info)."""
+    n = 1500
+    steps, trend = np.arange(n), _trend(n)
+    loss = loss_curve(n, seed=seed, noise=0.02)
+    loss[800:900] += np.exp(-np.arange(100) / 30)
+    loss[[820, 830]] = trend[[820, 830]] - 0.3
+    [f] = analyze(rows_table(steps, loss=loss, grad_norm=grad_curve(n, seed=seed + 10))).findings
+    assert (f.kind, f.severity, f.onset_step, f.evidence.get("noise_grew")) == ("spike", "warning", 800, False)
+    assert f.self_recovered is True
+
+
+# 3. Streaming equals offline when an episode's end is decided at one observation (257a1e9).
+
+@pytest.mark.parametrize("onset, length", [(805, 20), (800, 30), (800, 60)])
+def test_3_streaming_equals_offline_when_a_grad_led_episode_outlasts_the_patience(onset: int, length: int) -> None:
+    """The gradient norm x6 for 20-60 observations with the loss in its band: whether it ends as a recovery or as
+    a trend (re-learn the baseline) must not depend on how rows arrive. Fails on 257a1e9^ (the trend check ran
+    wherever a streaming flush stopped: offline kept an info blip from the onset, streaming dropped it or
+    started it later)."""
+    n = 1000
+    steps = np.arange(n)
+    grad = grad_curve(n)
+    grad[onset:onset + length] *= 6.0
+    rows = rows_table(steps, loss=loss_curve(n, noise=0.02), grad_norm=grad)
+    live = StreamingAnalyzer(None)
+    for row in rows.drop_columns(["main"]).to_pylist():
+        live.update(row)
+    assert live.report().findings == analyze(rows).findings
+
+
+# 4. peak_loss is None, not NaN, when the episode saw no finite loss (257a1e9).
+
+def test_4_a_spike_that_saw_no_finite_loss_has_strict_json_evidence() -> None:
+    """Six non-finite losses under a x20 gradient norm: the gradient-norm blip's evidence says peak_loss None and
+    dumps as strict JSON (the dashboard renders evidence with json.dumps). Fails on 257a1e9^ (NaN)."""
+    n = 1200
+    steps = np.arange(n)
+    loss, grad = loss_curve(n), grad_curve(n)
+    loss[800:806] = np.nan
+    grad[800:806] *= 20
+    report = analyze(rows_table(steps, loss=loss, grad_norm=grad))
+    assert {f.kind for f in report.findings} == {"nan", "spike"}
+    [blip] = [f for f in report.findings if f.kind == "spike"]
+    assert blip.evidence["peak_loss"] is None and blip.evidence["loss_rise"] is None
+    json.dumps(blip.evidence, allow_nan=False)
+    assert "not finite" in blip.message and "nan" not in blip.message
+
+
+# 5. Cold start: before a noise model exists (a segment's first 32 observations) (1abf578).
+
+def _cold_series(seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A log's first 60 rows: the loss falling from 10, the gradient norm climbing x4 over the first 24 rows (a
+    warm-up) and flat after."""
+    n, rng = 60, np.random.default_rng(seed)
+    steps = np.arange(n)
+    loss = 10.0 - 3.0 * (1 - np.exp(-steps / 15)) + rng.normal(0, 0.03, n)
+    grad = np.exp(np.interp(steps, [0, 24, n], [np.log(0.25), np.log(1.0), np.log(1.0)]) + rng.normal(0, 0.05, n))
+    return steps, loss, grad
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_5_a_cold_onset_is_not_carried_back_through_a_warm_up_but_a_x20_grad_norm_leads(seed: int) -> None:
+    """Part 1 (guard): a loss x2 jump at row 26 in the cold phase starts at 26, not back in the warm-up's norm climb
+    (fails on 50d4843^, onset ~10). Part 2: a x20 gradient norm the row before the loss jump leads the onset (a
+    Megatron excerpt). Fails on 1abf578^ (cold, nothing was out of band: the onset was the loss row, 27)."""
+    steps, loss, grad = _cold_series(seed)
+    loss[26:36] *= 2.0
+    grad[26:36] *= 3.0
+    [f] = analyze(rows_table(steps, loss=loss, grad_norm=grad)).findings
+    assert (f.kind, f.onset_step, f.evidence["grad_norm_moved_first"]) == ("spike", 26, False)
+    steps, loss, grad = _cold_series(seed)
+    grad[26] *= 20.0
+    loss[27:37] *= 2.0
+    grad[27:37] *= 5.0
+    [f] = analyze(rows_table(steps, loss=loss, grad_norm=grad)).findings
+    assert (f.kind, f.onset_step, f.evidence["grad_norm_moved_first"]) == ("spike", 26, True)
+
+
+# 6. A loss excursion under an LR still raised (not the schedule) is a divergence, recovered or not (e044303).
+
+@pytest.mark.parametrize("held", [True, False])
+def test_6_a_spike_under_an_lr_still_raised_is_a_divergence_even_if_the_loss_came_back(held: bool) -> None:
+    """The LR x10 from step 1500 and held (held) or for two steps only; the loss jumps and is back on its trend
+    within ~60 steps either way. Held: a critical divergence with a rollback before 1500. Fails on e044303^ (a
+    recovered spike, no advice). The burst that is over stays a recovered spike (guard)."""
+    n = 2400
+    steps = np.arange(n)
+    loss, grad = loss_curve(n), grad_curve(n)
+    lr = np.full(n, 3e-4)
+    if held:
+        lr[1500:] = 3e-3
+    else:
+        lr[1499:1501] = 3e-3
+    loss[1500:1560] += 1.5 * np.exp(-np.arange(60) / 12)
+    grad[1500:1530] *= 6
+    report = analyze(rows_table(steps, loss=loss, grad_norm=grad, lr=lr), _ckpts([1000, 1400]))
+    [f] = report.findings
+    if held:
+        assert (f.kind, f.severity, f.needs_action, f.onset_step) == ("divergence", "critical", True, 1500)
+        assert f.evidence["lr_still_raised"] and report.rollback.checkpoint_step == 1400
+    else:
+        assert (f.kind, f.severity, f.self_recovered, f.needs_action) == ("spike", "warning", True, False)
+        assert report.rollback is None
+
+
+# 7. A divergence begins where the LR began rising into it; the opening warm-up is the schedule (c379eae, 8f0cd39).
+
+def _warmup_lr(steps: np.ndarray, end: int) -> np.ndarray:
+    return np.interp(steps, [0, end, steps[-1]], [3e-6, 3e-4, 3e-4])
+
+
+def test_7a_after_a_slow_lr_ramp_the_rollback_precedes_the_ramp() -> None:
+    """The LR ramps x10 over steps 1501-1560 and the loss climbs from 1580: the divergence starts at the first
+    update under the raised LR and the advice is the checkpoint before it. Fails on c379eae^ (onset at the loss
+    climb, ~1588, advising checkpoint 1560, taken under the raised LR)."""
+    n = 2000
+    steps = np.arange(n)
+    lr = _warmup_lr(steps, 200)
+    lr[1500:] = np.interp(steps[1500:], [1500, 1560], [3e-4, 3e-3])
+    loss = loss_curve(n)
+    loss[1580:] += np.linspace(0, 3, n - 1580) ** 1.5
+    report = analyze(rows_table(steps, loss=loss, grad_norm=grad_curve(n), lr=lr),
+                     _ckpts([1000, 1300, 1450, 1520, 1560]))
+    [div] = report.findings
+    assert (div.kind, div.onset_step, div.evidence["lr_rise_step"]) == ("divergence", 1501, 1501)
+    assert report.rollback.checkpoint_step == 1450, report.rollback.reason
+
+
+@pytest.mark.parametrize("grad_grows_in_warmup", [False, True])
+def test_7b_the_opening_warm_up_is_not_a_ramp(grad_grows_in_warmup: bool) -> None:
+    """A divergence soon after the opening LR warm-up (steps 0-300). Its onset stays after the warm-up: neither the
+    warm-up's LR rise (guard: passes on c379eae^, where no LR rise moved an onset) nor a gradient norm that began
+    growing inside the warm-up (the model answering the rising LR) carries it back. The latter fails on 8f0cd39^
+    (onset ~100, advising checkpoint 50)."""
+    n = 800
+    steps = np.arange(n)
+    grad = grad_curve(n)
+    climb = 400 if grad_grows_in_warmup else 330
+    if grad_grows_in_warmup:
+        grad *= np.interp(steps, [0, 100, n], [1, 1, 1 + (n - 100) / 100])  # growing from 100 on, linearly
+    loss = loss_curve(n)
+    loss[climb:] += np.linspace(0, 3, n - climb) ** 1.5
+    rows = rows_table(steps, loss=loss, grad_norm=grad, lr=_warmup_lr(steps, 300))
+    report = analyze(rows, _ckpts([50, 150, 250, 320]))
+    [div] = report.findings
+    assert (div.kind, div.onset_step > 300, div.evidence["lr_rise_step"]) == ("divergence", True, None), div.onset_step
+    assert report.rollback.checkpoint_step == 320, report.rollback.reason
+
+
+# 8. The fp16 scaler (93fb755, a5c0c2e).
+
+def _scaler_rows(steps: np.ndarray, scale: np.ndarray, **cols: np.ndarray) -> pa.Table:
+    n = len(steps)
+    return rows_table(steps, loss=loss_curve(n), grad_norm=grad_curve(n), loss_scale=scale, **cols)
+
+
+def test_8a_a_coarse_log_with_a_skip_flag_counts_the_halvings_between_rows() -> None:
+    """A log every 10 steps whose logged steps ran clean (found_inf False) while the scale halves three times and
+    regrows, over and over, from step 4000: a skip burst with or without the flag column. Fails on 93fb755^ (with
+    the flag logged, its False hid the halvings: no finding)."""
+    n = 800
+    steps = np.arange(n) * 10
+    phase = (np.arange(n) - 400) % 6
+    change = np.where(np.arange(n) < 400, 1.0, np.where(phase < 3, 0.5, 2.0))
+    scale = 65536.0 * np.cumprod(change)
+    flagged = analyze(_scaler_rows(steps, scale, found_inf=np.zeros(n, bool))).findings
+    unflagged = analyze(_scaler_rows(steps, scale)).findings
+    assert [(f.kind, f.onset_step, f.needs_action) for f in flagged] == [("scaler_collapse", 4000, True)]
+    assert flagged == unflagged
+
+
+def test_8b_a_flagged_step_and_its_halving_on_the_next_row_are_one_skip() -> None:
+    """Guard (passes on 93fb755^ too): a per-step log flags six skipped steps, each one's halving showing on the next
+    row; counting the flag and the halving both would double the skips."""
+    n = 1800
+    steps = np.arange(n)
+    skipped = np.zeros(n, bool)
+    skipped[1200:1206] = True
+    scale = np.full(n, 4096.0)
+    scale[1201:] = 4096.0 / 2.0 ** np.minimum(np.arange(1, n - 1200), 6)
+    [f] = analyze(_scaler_rows(steps, scale, found_inf=skipped)).findings
+    assert (f.kind, f.onset_step, f.evidence["num_skipped"]) == ("scaler_collapse", 1200, 6)
+
+
+def test_8c_a_slide_long_after_calibration_is_a_collapse_though_the_scale_never_grew() -> None:
+    """The scale calibrates 65536 -> 1024 in the first steps and never grows; from step 1000 it halves every 200
+    steps (too slow for the skip-rate test) down to 8. Fails on a5c0c2e^ (the calibration chain never ended without
+    a growth: the slide was excused as calibration). Calibration alone stays quiet (guard)."""
+    n = 2400
+    steps = np.arange(n)
+    scale = np.full(n, 1024.0)
+    scale[:7] = 65536.0 / 2.0 ** np.arange(7)
+    meta = {"scaler": {"growth_interval": 2000}}
+    assert analyze(_scaler_rows(steps, scale), meta=meta).findings == []
+    for at in range(1000, n, 200):
+        scale[at:] /= 2
+    found = analyze(_scaler_rows(steps, scale), meta=meta).findings
+    assert [(f.kind, f.needs_action) for f in found] == [("scaler_collapse", True)]
+    assert 1000 <= found[0].onset_step <= 1600
+
+
+# 9. A stall is judged against the host's long-run interval noise, never a calm window's (f6c6115).
+
+@pytest.mark.parametrize("seed", range(4))
+def test_9_an_ordinary_interval_after_a_calm_window_is_not_a_stall(seed: int) -> None:
+    """A log every 1000 steps whose interval time varies 2% (sd); 40 intervals calm (0.5%), then one 3.75 sd long,
+    under the rule's own 6 sd of the host's noise: no stall. A 10-minute pause there still is one. Fails on
+    f6c6115^ (the calm window's low estimate made that interval a stall)."""
+    n, k, rng = 700, 1000, np.random.default_rng(seed)
+    steps = (np.arange(n) + 1) * k
+    eps = rng.normal(0, 0.02, n)
+    eps[424:464] = rng.normal(0, 0.005, 40)
+    eps[464] = 3.75 * 0.02
+    per_interval = k * 0.5 * (1 + eps)
+    report = analyze(rows_table(steps, time=np.cumsum(per_interval), loss=loss_curve(n), grad_norm=grad_curve(n)))
+    assert [f for f in report.findings if f.kind == "stall"] == []
+    per_interval[464] += 600.0
+    report = analyze(rows_table(steps, time=np.cumsum(per_interval), loss=loss_curve(n), grad_norm=grad_curve(n)))
+    [stall] = [f for f in report.findings if f.kind == "stall"]
+    assert (stall.onset_step, stall.severity) == (464 * k, "warning")
+
+
+# 10. A resumed fp16 scaler re-calibrating is no bad resume; re-spiking losses are (242a2e5).
+
+@pytest.mark.parametrize("inf_grads, loss_jump", [(True, False), (False, True), (True, True)])
+def test_10_an_inf_grad_norm_alone_after_a_resume_is_not_a_bad_resume(inf_grads: bool, loss_jump: bool) -> None:
+    """Segment 1 resumes from checkpoint 1400 of segment 0 (rows to 1799). Its first three steps log an infinite
+    gradient norm, found_inf and a halving scale (GradScaler re-calibrating): healthy. Fails on 242a2e5^ (a
+    critical bad_resume). Losses 1.5 above the parent's level are a bad resume, with or without them (guard)."""
+    s0, s1 = np.arange(0, 1800), np.arange(1401, 2400)
+    loss0, grad0 = loss_curve(2400)[:1800], grad_curve(2400)[:1800]
+    loss1, grad1 = loss_curve(2400, seed=5)[1401:], grad_curve(2400, seed=6)[1401:]
+    scale1, skipped1 = np.full(len(s1), 8192.0), np.zeros(len(s1), bool)
+    if inf_grads:
+        grad1[:3], skipped1[:3], scale1[:3] = np.inf, True, 65536.0 / 2.0 ** np.arange(3)
+    if loss_jump:
+        loss1[:20] += 1.5
+    rows = rows_table(np.concatenate([s0, s1]), segment=np.concatenate([np.zeros(len(s0)), np.ones(len(s1))]),
+                      loss=np.concatenate([loss0, loss1]), grad_norm=np.concatenate([grad0, grad1]),
+                      loss_scale=np.concatenate([np.full(len(s0), 32768.0), scale1]),
+                      found_inf=np.concatenate([np.zeros(len(s0), bool), skipped1]))
+    report = analyze(rows, _ckpts([1000, 1400], resume=(1, 1400)))
+    if loss_jump:
+        [bad] = report.findings
+        assert (bad.kind, bad.segment, bad.onset_step, bad.needs_action) == ("bad_resume", 1, 1401, True)
+        assert report.rollback.checkpoint_step == 1000
+    else:
+        assert report.findings == [] and report.health == "healthy"
+
+
+# 11. An activation-norm climb rejects checkpoints once it has grown the norm 1.5x, for any incident
+#     (dfe7bc7 kept natural growth from walking a NaN's advice back; 1d0d17b restored a real climb for all kinds).
+
+@pytest.mark.parametrize("start, growth, advised", [(600, 1.4, 2400), (1800, 2.0, 1700)])
+def test_11_only_a_real_activation_norm_climb_walks_a_nans_rollback_back(start: int, growth: float,
+                                                                         advised: int) -> None:
+    """The loss and gradient norm turn NaN at step 2500; the activation norm grows from ``start`` to 2500 by
+    ``growth``. A small model's natural x1.4 over 1900 steps leaves the advice at the last checkpoint, 2400: fails on
+    dfe7bc7^ (walked back to 500). A x2 climb from 1800 rejects the checkpoints taken during it (1700): fails on
+    1d0d17b^ (2400, after dfe7bc7 no climb rejected a NaN's checkpoints)."""
+    n, rng = 2600, np.random.default_rng(0)
+    steps = np.arange(n)
+    loss, grad = loss_curve(n), grad_curve(n)
+    act = 20.0 * np.interp(steps, [0, start, 2500, n], [1, 1, growth, growth]) * np.exp(rng.normal(0, 0.01, n))
+    loss[2500:] = grad[2500:] = np.nan
+    report = analyze(rows_table(steps, loss=loss, grad_norm=grad, act_norm=act),
+                     _ckpts([500, 1000, 1500, 1700, 2000, 2200, 2400]))
+    assert [(f.kind, f.onset_step) for f in report.findings] == [("nan", 2500)]
+    rb = report.rollback
+    assert rb.checkpoint_step == advised, rb.reason
+    assert (rb.evidence.get("act_norm_growth_from") is None) is (growth < 1.5)
