@@ -130,17 +130,22 @@ def act_growth_start(steps: np.ndarray, act: np.ndarray, before_step: int,
 
 def lr_rise_start(steps: np.ndarray, lr: np.ndarray, onset: int) -> int | None:
     """Index of the first row of a learning-rate rise (to >= 1.5x its lowest point in the last
-    ``LR_LOOKBACK`` rows) that runs into the onset: the first update under the raised LR, the cause. None
+    ``LR_LOOKBACK`` rows, looking twice as far back while that point is the window's first row: a slow ramp
+    started before it) that runs into the onset: the first update under the raised LR, the cause. None
     without one. The schedule is no cause: the warm-up that opens the run, or a warm restart (one step back
     up to a level the run already trained at, as the spike detector's ``lr_scheduled`` reads it); a rise
     after a restart still counts."""
-    lo = max(0, onset - LR_LOOKBACK)
+    lo, lookback = max(0, onset - LR_LOOKBACK), LR_LOOKBACK
     while True:
         idx = lo + np.flatnonzero(np.isfinite(lr[lo:onset + 1]) & (lr[lo:onset + 1] > 0))
         if len(idx) < 2 or idx[-1] != onset:
             return None
         k = len(idx) - 1 - int(np.argmin(lr[idx][::-1]))  # the last lowest LR before the onset
         low = idx[k]
+        if k == 0 and lo > 0 and lo == onset - lookback:  # a ramp longer than the window: its start lies further back
+            lookback *= 2
+            lo = max(0, onset - lookback)
+            continue
         if low >= onset or not lr[onset] >= 1.5 * lr[low] or in_warmup(steps, lr, int(steps[low])):
             return None
         first = int(idx[k + 1])

@@ -203,6 +203,23 @@ def test_7a_after_a_slow_lr_ramp_the_rollback_precedes_the_ramp() -> None:
     assert report.rollback.checkpoint_step == 1450, report.rollback.reason
 
 
+def test_7c_a_ramp_longer_than_the_lr_lookback_is_found_from_its_start() -> None:
+    """The LR ramps x10 over steps 1501-1700 and the loss climbs from 1720: the ramp began more than 128 rows
+    before the climb, and the rise is still found from its first row (it was cut at the lookback window's edge,
+    ~1592, advising a checkpoint taken under an LR already 4x higher)."""
+    n = 2200
+    steps = np.arange(n)
+    lr = _warmup_lr(steps, 200)
+    lr[1500:] = np.interp(steps[1500:], [1500, 1700], [3e-4, 3e-3])
+    loss = loss_curve(n)
+    loss[1720:] += np.linspace(0, 3, n - 1720) ** 1.5
+    report = analyze(rows_table(steps, loss=loss, grad_norm=grad_curve(n), lr=lr),
+                     _ckpts([1000, 1300, 1450, 1550, 1650]))
+    div = next(f for f in report.findings if f.kind == "divergence")
+    assert (div.onset_step, div.evidence["lr_rise_step"]) == (1501, 1501)
+    assert report.rollback.checkpoint_step == 1450, report.rollback.reason
+
+
 @pytest.mark.parametrize("grad_grows_in_warmup", [False, True])
 def test_7b_the_opening_warm_up_is_not_a_ramp(grad_grows_in_warmup: bool) -> None:
     """A divergence soon after the opening LR warm-up (steps 0-300). Its onset stays after the warm-up: neither the
