@@ -23,8 +23,8 @@ from runwatch.detectors.analysis import analyze  # noqa: E402
 from runwatch.detectors.divergence import detect_divergence  # noqa: E402
 from runwatch.detectors.nan import detect_nan, nonfinite_masks  # noqa: E402
 from runwatch.detectors.scaler_collapse import detect_scaler_collapse  # noqa: E402
-from runwatch.detectors.spike import detect_spikes  # noqa: E402
 from runwatch.detectors.slowdown import detect_slowdowns  # noqa: E402
+from runwatch.detectors.spike import detect_spikes  # noqa: E402
 from runwatch.detectors.stall import detect_stalls  # noqa: E402
 from runwatch.detectors.streaming import StreamingAnalyzer  # noqa: E402
 

@@ -34,8 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from baselines import BASELINES, run_baselines  # noqa: E402
 from evalruns.generate import VERSION, load_or_generate  # noqa: E402
 from evalruns.scenarios import KINDS  # noqa: E402
-from evalruns.truth import EXCURSION_KINDS  # noqa: E402
 from evalruns.scoring import ALARM, FalseAlarms, KindScore, Pred, Row, match_run, match_window, table  # noqa: E402
+from evalruns.truth import EXCURSION_KINDS  # noqa: E402
 
 from runwatch.data.store import Store  # noqa: E402
 

@@ -17,6 +17,7 @@ import pytest
 
 from runwatch.collectors.importers import import_logs
 
+
 def shown(markdown_text: str) -> str:
     """What a reader sees of escaped Markdown source: the backslash escapes removed (``escape.markdown``)."""
     return re.sub(r"\\([!-/:-@\[-`{-~])", r"\1", markdown_text).replace("\u2060", "")

@@ -6,11 +6,10 @@ import json
 import time
 from pathlib import Path
 
-from runwatch.app import views
 from runwatch.app.demo import CHECKPOINT_DIR, DemoPlan, has_demo
+from runwatch.app.judge import is_finished
 from runwatch.data.store import Store
 from runwatch.detectors.analysis import analyze
-from runwatch.app.judge import is_finished
 from tests.app.conftest import TEST_PLAN_KW
 
 

@@ -10,10 +10,10 @@ import pyarrow as pa
 import pytest
 
 from runwatch.app import views
-from runwatch.data.store import Store
-from runwatch.detectors.finding import Finding, Rollback
 from runwatch.app.judge import is_finished
+from runwatch.data.store import Store
 from runwatch.detectors.advisor import resume_hint
+from runwatch.detectors.finding import Finding, Rollback
 from tests.app.conftest import shown, spike_lines, write_jsonl_run
 
 

@@ -12,8 +12,18 @@ import pyarrow.parquet as pq
 import pytest
 
 from runwatch.collectors.importers import (
-    LogFormatError, csv_log, deepspeed, detect_format, import_logs, llmc, megatron, megatron_golden, metaseq,
-    modded_nanogpt, tensorboard, wandb,
+    LogFormatError,
+    csv_log,
+    deepspeed,
+    detect_format,
+    import_logs,
+    llmc,
+    megatron,
+    megatron_golden,
+    metaseq,
+    modded_nanogpt,
+    tensorboard,
+    wandb,
 )
 from runwatch.data.store import Store
 

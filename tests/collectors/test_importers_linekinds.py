@@ -11,7 +11,14 @@ from pathlib import Path
 import pytest
 
 from runwatch.collectors.importers import (
-    deepspeed, fairseq_text, hf_trainer, llmc, megatron, metaseq, modded_nanogpt, nanogpt,
+    deepspeed,
+    fairseq_text,
+    hf_trainer,
+    llmc,
+    megatron,
+    metaseq,
+    modded_nanogpt,
+    nanogpt,
 )
 from runwatch.collectors.importers.base import ParsedLog
 

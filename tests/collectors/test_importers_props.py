@@ -8,11 +8,25 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from runwatch.collectors.importers import (
-    auto, csv_log, deepspeed, fairseq_text, hf_trainer, jsonl, llmc, megatron, megatron_golden, metaseq, modded_nanogpt,
-    nanogpt, stepcount, tensorboard, wandb,
+    auto,
+    csv_log,
+    deepspeed,
+    fairseq_text,
+    hf_trainer,
+    jsonl,
+    llmc,
+    megatron,
+    megatron_golden,
+    metaseq,
+    modded_nanogpt,
+    nanogpt,
+    stepcount,
+    tensorboard,
+    wandb,
 )
 
 # Fragments of real lines, so generated text reaches deep into each parser, mixed with junk.

@@ -10,7 +10,13 @@ import pyarrow.compute as pc
 import pytest
 
 from runwatch.collectors.importers import (
-    auto, deepspeed, detect_format, llmc, megatron, megatron_golden, modded_nanogpt,
+    auto,
+    deepspeed,
+    detect_format,
+    llmc,
+    megatron,
+    megatron_golden,
+    modded_nanogpt,
 )
 
 REAL = Path(__file__).resolve().parents[3] / "shared" / "realruns"

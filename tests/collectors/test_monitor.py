@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from runwatch.app.tinygpt import TinyGPT, TinyGPTConfig, synthetic_batches, train_step
 from runwatch.collectors import Monitor
 from runwatch.collectors.monitor import MonitorConfig
 from runwatch.collectors.signals import activation_rms
-from runwatch.app.tinygpt import TinyGPT, TinyGPTConfig, synthetic_batches, train_step
 from runwatch.data.store import Store
 from tests.collectors.probes import SyncCounter
 

@@ -12,7 +12,14 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from runwatch.collectors.writer import BackgroundWriter, EventsBatch, MetricsBatch, RunMetaUpdate, WorkQueue, batch_table
+from runwatch.collectors.writer import (
+    BackgroundWriter,
+    EventsBatch,
+    MetricsBatch,
+    RunMetaUpdate,
+    WorkQueue,
+    batch_table,
+)
 from runwatch.data.record import METRIC_COLUMNS
 from runwatch.data.store import Store
 

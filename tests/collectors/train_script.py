@@ -17,9 +17,9 @@ import warnings
 
 import torch
 
+from runwatch.app.tinygpt import TinyGPT, TinyGPTConfig, synthetic_batches, train_step
 from runwatch.collectors import Monitor
 from runwatch.collectors.monitor import MonitorConfig
-from runwatch.app.tinygpt import TinyGPT, TinyGPTConfig, synthetic_batches, train_step
 
 
 def main() -> None:

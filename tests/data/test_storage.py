@@ -8,8 +8,8 @@ import duckdb
 import pyarrow as pa
 import pytest
 
-from runwatch.data.record import metrics_table
 from runwatch.data.compact import compact
+from runwatch.data.record import metrics_table
 from runwatch.data.storage import StagedWrite, check_run_name, data_files
 from runwatch.data.store import Store
 

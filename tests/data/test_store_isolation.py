@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from runwatch.data.storage import StagedWrite, data_files
 from runwatch.data.record import metrics_table
+from runwatch.data.storage import StagedWrite, data_files
 from runwatch.data.store import Store, StoreError
 from tests.data.helpers import run_cli
 

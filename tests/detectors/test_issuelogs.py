@@ -10,7 +10,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "issuelogs"
 
 

@@ -17,9 +17,9 @@ import torch
 from runwatch.app import views
 from runwatch.app.check import run_check
 from runwatch.app.state import _judge
+from runwatch.app.tinygpt import TinyGPT, TinyGPTConfig, set_lr, synthetic_batches, train_step
 from runwatch.collectors import Monitor
 from runwatch.collectors.monitor import MonitorConfig
-from runwatch.app.tinygpt import TinyGPT, TinyGPTConfig, set_lr, synthetic_batches, train_step
 
 BASE_LR, BURST, BURST_STEPS, EVERY = 3e-3, 50.0, range(300, 305), 50
 
