@@ -363,3 +363,62 @@ def test_11_only_a_real_activation_norm_climb_walks_a_nans_rollback_back(start: 
     rb = report.rollback
     assert rb.checkpoint_step == advised, rb.reason
     assert (rb.evidence.get("act_norm_growth_from") is None) is (growth < 1.5)
+
+
+# 12. Step time varies by factors: the stall baseline is kept in log (bench/calibrate.py, 6 of 8 alarms).
+
+@pytest.mark.parametrize("seed", range(3))
+def test_12_a_wandering_hosts_long_interval_is_not_a_stall(seed: int) -> None:
+    """A log every 100 steps on a host whose per-step time wanders (log AR(1), sd 0.25, correlation ~20 steps)
+    has 100-step intervals up to ~1.8x their usual length now and then: a 3-4 sigma excursion of the log, but 6+
+    "sigmas" of the raw interval. No stall warning; a 20-minute pause among them is one. Fails on f67e1be^
+    for seeds 0 and 1 (the raw-interval baseline)."""
+    rng = np.random.default_rng(seed)
+    k, n = 100, 3000
+    eps = rng.normal(0, 0.25 * np.sqrt(1 - 0.95 ** 2), k * n)
+    wander = np.empty(k * n)
+    wander[0] = eps[0]
+    for i in range(1, k * n):
+        wander[i] = 0.95 * wander[i - 1] + eps[i]
+    interval = (5.0 * np.exp(wander)).reshape(n, k).sum(axis=1)
+    steps = (np.arange(n) + 1) * k
+    report = analyze(rows_table(steps, time=np.cumsum(interval), loss=loss_curve(n), grad_norm=grad_curve(n)))
+    assert _alarms(report, "stall") == []
+    interval[2000] += 1200.0
+    report = analyze(rows_table(steps, time=np.cumsum(interval), loss=loss_curve(n), grad_norm=grad_curve(n)))
+    assert [f.onset_step for f in _alarms(report, "stall")] == [2000 * k]
+
+
+# 13. A halving chain counts from the scale the scaler usually overflows at (bench/calibrate.py, 1 of 8 alarms).
+
+def _sawtooth(peak_then_fall: list[float]) -> tuple[np.ndarray, np.ndarray]:
+    """A scale logged every 100 steps (growth interval 2000) sawing between 16384 and 32768 (halving at 32768,
+    regrowing 2000 steps later) for 40,000 steps, then ``peak_then_fall`` one value per 500 steps, then
+    regrowth to 16384 at one doubling per 2000 steps."""
+    scale: list[float] = []
+    for _ in range(10):
+        scale += [16384.0] * 20 + [32768.0] * 20  # 2000 steps each side
+    for value in peak_then_fall:
+        scale += [value] * 5
+    while scale[-1] < 16384.0:
+        scale += [scale[-1]] * 20
+        scale.append(scale[-1] * 2)
+    scale += [16384.0] * 40
+    return (np.arange(len(scale)) + 1) * 100, np.asarray(scale)
+
+
+def test_13_a_regrowth_above_the_usual_ceiling_that_falls_back_is_not_a_collapse() -> None:
+    """The sawtooth regrows once to 65536, one doubling above where it usually overflows, and halves four times
+    without regrowing: 65536 -> 4096 is 2^4 from the peak but only 2^3 below the usual 32768: no collapse. Fails
+    on dde19b2^ (a warning collapse counted from the peak). Falling 2^4 below the usual level (32768 -> 2048)
+    still is one (guard)."""
+    meta = {"scaler": {"init_scale": 65536.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2000}}
+    steps, scale = _sawtooth([65536.0, 32768.0, 16384.0, 8192.0, 4096.0])
+    n = len(steps)
+    report = analyze(rows_table(steps, loss=loss_curve(n), grad_norm=grad_curve(n), loss_scale=scale), meta=meta)
+    assert _alarms(report, "scaler_collapse") == []
+    steps, scale = _sawtooth([32768.0, 16384.0, 8192.0, 4096.0, 2048.0])
+    n = len(steps)
+    report = analyze(rows_table(steps, loss=loss_curve(n), grad_norm=grad_curve(n), loss_scale=scale), meta=meta)
+    [collapse] = _alarms(report, "scaler_collapse")
+    assert collapse.evidence["scale_min"] == 2048.0
