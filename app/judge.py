@@ -20,7 +20,7 @@ from runwatch.detectors.advisor import checkpoints_from_events
 from runwatch.detectors.analysis import Report, analyze
 
 
-def present_checkpoint_paths(root: Path, checkpoints: list[dict]) -> set[str] | None:
+def present_checkpoint_paths(root: Path | str, checkpoints: list[dict]) -> set[str] | None:
     """Checkpoint paths found on this machine (absolute, or relative to the root or cwd).
 
     None when none of them is here at all: the run was trained (or imported)
@@ -28,7 +28,8 @@ def present_checkpoint_paths(root: Path, checkpoints: list[dict]) -> set[str] | 
     checkpoint deleted.
     """
     paths = {c["path"] for c in checkpoints if isinstance(c.get("path"), str)}
-    found = {p for p in paths if os.path.exists(p) or (root / p).exists()}
+    # A relative path is looked up under a local root; under an object-store URL only from here.
+    found = {p for p in paths if os.path.exists(p) or (isinstance(root, Path) and (root / p).exists())}
     return found if found else None
 
 

@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 
 from runwatch.data.locks import WRITER_LOCK, RunBusy, RunLock, is_held
 from runwatch.data.record import METRICS_SCHEMA, conform_metrics
+from runwatch.data.roots import is_url
 from runwatch.data.staging import abort, crash_point, new_op, recover, staged_runs, switch_in
 from runwatch.data.storage import fsync_dir, list_runs, part_name, temp_files
 
@@ -136,6 +137,10 @@ def compact(root: str | Path, run: str | None = None) -> CompactResult:
     With ``run``, another writer holding it raises ``RunBusy``; without, busy
     runs are skipped and named in ``busy``.
     """
+    if is_url(root):
+        from runwatch.data.objcompact import compact_url
+
+        return compact_url(str(root), run)
     root = Path(root)
     if not root.is_dir():
         raise ValueError(f"{root}: no such directory (expected a runwatch root)")

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -27,7 +26,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from runwatch.data.record import EVENTS_SCHEMA, resume_steps_of, segment_cuts
-from runwatch.data.storage import data_files, list_runs, read_run_meta, run_dir
+from runwatch.data.roots import FileInfo, Root, is_url, local_path, open_root, segment_rank
 
 
 def query_arrow(con: duckdb.DuckDBPyConnection, sql: str, params: dict) -> pa.Table:
@@ -130,11 +129,15 @@ WINDOW w AS (PARTITION BY m.segment ORDER BY m.step)
 """
 
 
-def unreadable(run: str, files: list[str], err: Exception) -> str:
+def unreadable(run: str, files: list[str], err: Exception, root: Root | None = None) -> str:
     """One line saying why ``run`` cannot be read, naming the first file Parquet itself rejects."""
     for f in files:
         try:
-            pq.read_metadata(f)
+            if root is None:
+                pq.read_metadata(f)
+            else:
+                with root.open(f) as fh:
+                    pq.read_metadata(fh)
         except FileNotFoundError:
             continue
         except (OSError, pa.ArrowException) as bad:
@@ -142,21 +145,20 @@ def unreadable(run: str, files: list[str], err: Exception) -> str:
     return f"run {run!r}: query failed: {_one_line(err)}"
 
 
-def _key(stats: list[tuple[str, os.stat_result]]) -> tuple:
+def _key(stats: list[FileInfo]) -> tuple:
     """What identifies a run's files: a new, removed, rewritten or switched file changes it."""
-    return tuple((f, st.st_ino, st.st_size, st.st_mtime_ns) for f, st in stats)
+    return tuple((f.path, f.ident, f.size) for f in stats)
 
 
 def _one_line(err: Exception) -> str:
     return " ".join(str(err).split())
 
 
-def _read_events(path: Path) -> list[dict]:
+def _read_events(path: str, data: bytes) -> list[dict]:
     """The events of one JSONL part; a malformed line is a ``StoreError`` naming path:line."""
-    segment = int(path.parent.parent.name.split("=", 1)[1])
-    rank = int(path.parent.name.split("=", 1)[1])
+    segment, rank = segment_rank(path)
     records = []
-    for lineno, line in enumerate(path.read_bytes().decode("utf-8", errors="replace").splitlines(), 1):
+    for lineno, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), 1):
         if not line.strip():
             continue
         try:
@@ -174,13 +176,15 @@ def _read_events(path: Path) -> list[dict]:
 
 
 class Store:
-    """Read-only view of one runwatch root."""
+    """Read-only view of one runwatch root: a directory, or an object-store URL (``roots.open_root``)."""
 
     def __init__(self, root: str | Path) -> None:
-        self.root = Path(root)
-        if not self.root.is_dir():
-            raise ValueError(f"{self.root}: no such directory (expected a runwatch root)")
+        self.location = open_root(root)
+        # A URL stays a string (``Path`` would fold ``s3://`` into ``s3:/``).
+        self.root: Path | str = str(root).rstrip("/") if is_url(root) else local_path(root)
         self._con = duckdb.connect(":memory:")
+        if is_url(root):  # DuckDB reads the parts through the same fsspec filesystem
+            self._con.register_filesystem(self.location.fs)
         self._summaries: dict[str, tuple[tuple, dict]] = {}
 
     def close(self) -> None:
@@ -205,24 +209,20 @@ class Store:
             try:
                 return query_arrow(self._con.cursor(), sql, {"files": files, **(params or {})})
             except duckdb.Error as err:
-                if attempt + 1 < _ATTEMPTS and not all(os.path.exists(f) for f in files):
+                if attempt + 1 < _ATTEMPTS and not all(self.location.exists(f) for f in files):
                     continue  # compact or --replace switched the tree between listing and reading
-                raise StoreError(unreadable(run, files, err)) from err
+                raise StoreError(unreadable(run, files, err, self.location)) from err
         raise AssertionError("unreachable")
 
-    def _generation(self, run: str) -> tuple[int, int] | None:
-        """Identity of the run's directory: a whole-run switch (``--replace``) changes it."""
-        try:
-            st = os.stat(run_dir(self.root, run))
-        except FileNotFoundError:
-            return None
-        return st.st_dev, st.st_ino
+    def _generation(self, run: str) -> object:
+        """Identity of the run's tree: a whole-run switch (``--replace``) changes it."""
+        return self.location.generation(run)
 
     def _files(self, run: str | None = None) -> list[str]:
-        return [str(p) for p in data_files(self.root, run, "metrics")]
+        return [f.path for f in self.location.files(run, "metrics")]
 
     def run_names(self) -> list[str]:
-        return list_runs(self.root)
+        return self.location.runs()
 
     def runs(self) -> pa.Table:
         """One row per run with metrics (``RUNS_SCHEMA``): step range, segments, ranks, last time,
@@ -242,49 +242,38 @@ class Store:
                 self._summarise(run, stats[run])
         return pa.Table.from_pylist([self._summaries[run][1] for run in stats], schema=RUNS_SCHEMA)
 
-    def _stats(self, run: str) -> list[tuple[str, os.stat_result]]:
-        for _ in range(_ATTEMPTS):
-            try:
-                return [(f, os.stat(f)) for f in self._files(run)]
-            except FileNotFoundError:
-                continue  # a switch between listing and stat: list again
-        return []
+    def _stats(self, run: str) -> list[FileInfo]:
+        return self.location.files(run, "metrics")  # listed again by the root when a switch overtook it
 
-    def _summarise_together(self, runs: list[str], stats: dict[str, list]) -> None:
+    def _summarise_together(self, runs: list[str], stats: dict[str, list[FileInfo]]) -> None:
         """Summaries of several runs from one query; on any failure none is kept (each is then tried alone)."""
         try:
-            table = query_arrow(self._con.cursor(), _RUNS_SQL, {"files": [f for r in runs for f, _ in stats[r]]})
+            table = query_arrow(self._con.cursor(), _RUNS_SQL, {"files": [f.path for r in runs for f in stats[r]]})
         except duckdb.Error:
             return
         for row in table.to_pylist():
             run = row["run"]
             if run in stats:
-                row.update(error=None, last_update=max(st.st_mtime for _, st in stats[run]))
+                row.update(error=None, last_update=max(f.mtime for f in stats[run]))
                 self._summaries[run] = (_key(stats[run]), row)
 
-    def _summarise(self, run: str, stats: list[tuple[str, os.stat_result]]) -> None:
+    def _summarise(self, run: str, stats: list[FileInfo]) -> None:
         try:
             row = {**self._query_run(_RUNS_SQL, run).to_pylist()[0], "run": run, "error": None}
         except StoreError as err:
             row = {"run": run, "error": str(err)}
-        row["last_update"] = max(st.st_mtime for _, st in stats)
+        row["last_update"] = max(f.mtime for f in stats)
         self._summaries[run] = (_key(stats), row)
 
     def last_update(self, run: str) -> float | None:
         """Modification time of the run's newest file (a cheap liveness signal)."""
-        mtimes = []
-        for f in self._files(run):
-            try:
-                mtimes.append(os.stat(f).st_mtime)
-            except FileNotFoundError:
-                continue  # switched away by compact: its replacement is listed too, or will be
-        return max(mtimes) if mtimes else None
+        return max((f.mtime for f in self._stats(run)), default=None)
 
     def meta(self, run: str) -> dict:
-        return read_run_meta(self.root, run)
+        return self.location.meta(run)
 
     def has_run(self, run: str) -> bool:
-        return run_dir(self.root, run).is_dir() and bool(self._files(run))
+        return self.location.has_run(run)
 
     def _run_files(self, run: str) -> list[str]:
         files = self._files(run)
@@ -339,7 +328,8 @@ class Store:
         """The run's events (segment, rank, event, step, time, payload as JSON text), by step."""
         for attempt in range(_ATTEMPTS):
             try:
-                records = [r for path in data_files(self.root, run, "events") for r in _read_events(path)]
+                records = [r for f in self.location.files(run, "events")
+                           for r in _read_events(f.path, self.location.read_bytes(f.path))]
                 break
             except FileNotFoundError:
                 if attempt + 1 == _ATTEMPTS:

@@ -22,6 +22,7 @@ import pyarrow.compute as pc
 
 from runwatch.data.locks import RunBusy, RunLock, live_writers
 from runwatch.data.record import metrics_table
+from runwatch.data.roots import is_url
 from runwatch.data.staging import StagedRun, recover
 from runwatch.data.storage import run_exists
 
@@ -77,7 +78,7 @@ class ImportResult:
     num_events: int
     num_segments: int
     num_skipped: int
-    files: tuple[Path, ...]
+    files: tuple[Path | str, ...]
     # The reading that landed: a format name, or names joined by "+" (see importers.auto).
     format: str = ""
     num_ignored: int = 0
@@ -232,17 +233,28 @@ def write_import_stream(root: str | Path, run: str, chunks: Iterable[ParsedLog],
     writer fails at once; what a killed writer left in staging is finished or
     undone first. ``source`` (the input files) prefixes an empty import's error.
     """
-    with RunLock(root, run, "import --replace" if replace else "import"):
-        recover(root, run)
-        _check_target(root, run, replace)
-        staged = StagedRun(root, run)
-        try:
-            totals = _write_chunks(staged, chunks, source)
-            staged.add_run_meta({**(meta or {}), **({"ignored_lines": totals.num_ignored} if totals.num_ignored else {})})
-            files = staged.commit()
-        except BaseException:
-            staged.abort()
-            raise
+    action = "import --replace" if replace else "import"
+
+    def build(staged: StagedRun) -> _Totals:
+        totals = _write_chunks(staged, chunks, source)
+        staged.add_run_meta({**(meta or {}), **({"ignored_lines": totals.num_ignored} if totals.num_ignored else {})})
+        return totals
+
+    if is_url(root):  # built locally, then uploaded through one op record (data/objwrite.py)
+        from runwatch.data.objwrite import replace_run
+
+        totals, files = replace_run(str(root), run, build, replace=replace, action=action)
+    else:
+        with RunLock(root, run, action):
+            recover(root, run)
+            _check_target(root, run, replace)
+            staged = StagedRun(root, run)
+            try:
+                totals = build(staged)
+                files = staged.commit()
+            except BaseException:
+                staged.abort()
+                raise
     return ImportResult(run, totals.num_rows, totals.num_events, len(totals.segments), totals.num_skipped,
                         tuple(files), num_ignored=totals.num_ignored)
 
