@@ -11,7 +11,11 @@ def __getattr__(name: str):
         from runwatch.collectors import monitor
 
         return getattr(monitor, name)
+    if name == "UploaderConfig":  # Monitor(s3://..., upload=UploaderConfig(...))
+        from runwatch.collectors.uploader import UploaderConfig
+
+        return UploaderConfig
     raise AttributeError(name)
 
 
-__all__ = ["Monitor", "MonitorConfig"]
+__all__ = ["Monitor", "MonitorConfig", "UploaderConfig"]

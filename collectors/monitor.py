@@ -15,8 +15,10 @@ the training loop: errors become one warning and a count (``num_errors``,
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import socket
+import tempfile
 import time
 import warnings
 import weakref
@@ -32,8 +34,10 @@ from torch import nn
 from runwatch.collectors.buffer import StepBuffer
 from runwatch.collectors.plan import FIELD_NAMES, StepPlan
 from runwatch.collectors.signals import ScalerReader, fused_grad_norm, register_activation_hook
+from runwatch.collectors.uploader import Uploader, UploaderConfig
 from runwatch.collectors.writer import BackgroundWriter, EventsBatch, MetricsBatch, RunMetaUpdate
 from runwatch.data.locks import PartitionClaim, claim_partition
+from runwatch.data.roots import is_url
 from runwatch.data.storage import check_run_name, run_dir
 
 _USER_EVENT_KINDS = ("config", "note")
@@ -110,6 +114,14 @@ def claim_segment(root: str | Path, run: str, rank: int) -> tuple[PartitionClaim
                    f"this monitor writes segment {claim.segment} of its own")
 
 
+def default_spool(remote: str, spool: str | Path | None) -> Path:
+    """The local spool of a Monitor writing to ``remote``: ``spool``, else one per URL under the temp directory."""
+    if spool is not None:
+        return Path(spool)
+    digest = hashlib.sha256(remote.encode()).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / f"runwatch-spool-{os.getuid()}" / digest
+
+
 def _path_bytes(path: Path) -> int | None:
     if path.is_file():
         return path.stat().st_size
@@ -123,7 +135,11 @@ class Monitor:
 
     Every (re)start is a new segment (the next free number for this run and
     rank). With ``resume_step`` it also records a ``resume`` event: from which
-    checkpoint, the batches skipped and the config changes.
+    checkpoint, the batches skipped and the config changes. ``root`` may be an
+    object-store URL (``s3://bucket/prefix``): the parts are written into the
+    local ``spool`` directory first and shipped by a background uploader
+    (``uploader.py``, configured by ``upload``); the training loop never waits
+    on the network.
     """
 
     def __init__(
@@ -142,8 +158,12 @@ class Monitor:
         config_changes: Mapping[str, Any] | None = None,
         precision: str | None = None,
         meta: Mapping[str, Any] | None = None,
+        spool: str | Path | None = None,
+        upload: UploaderConfig | None = None,
     ) -> None:
-        self.root = Path(root)
+        # An object-store root: write into a local spool as usual; an uploader ships it (uploader.py).
+        self.remote = str(root) if is_url(root) else None
+        self.root = Path(root) if self.remote is None else default_spool(self.remote, spool)
         self.run = check_run_name(run)
         self.config = config or MonitorConfig()
         if skip_batches is not None and len(skip_batches) != 2:
@@ -168,7 +188,9 @@ class Monitor:
             self._num_errors += 1  # without a claim the writer's first failed flush says why
         if claim_warning is not None:
             warnings.warn(f"runwatch: {claim_warning}", RuntimeWarning, stacklevel=2)
-        self._pending = _Pending(self.run, self.segment, self.rank, self._writer)
+        self._uploader = Uploader(self.remote, self.root, self.run, self.rank, claim.directory, upload) \
+            if self.remote is not None and claim is not None else None
+        self._pending = _Pending(self.run, self.segment, self.rank, self._writer, self._uploader)
         if device is not None:
             self._pending.buffer = self._new_buffer(device)
         if activation_module is not None:
@@ -195,8 +217,19 @@ class Monitor:
 
     @property
     def num_dropped_rows(self) -> int:
-        """Rows that will never reach the store (failed or dropped writes, rejected steps)."""
-        return self._num_dropped_rows + self._writer.num_dropped_rows
+        """Rows that will never reach the store (failed or dropped writes, rejected steps, a full spool)."""
+        shipped = self._uploader.num_dropped_rows if self._uploader is not None else 0
+        return self._num_dropped_rows + self._writer.num_dropped_rows + shipped
+
+    @property
+    def num_uploaded_parts(self) -> int:
+        """Parts shipped from the spool to the object-store root (0 for a local root)."""
+        return self._uploader.num_uploaded_parts if self._uploader is not None else 0
+
+    @property
+    def num_dropped_parts(self) -> int:
+        """Metrics parts dropped because the spool outgrew ``UploaderConfig.max_spool_bytes`` in an outage."""
+        return self._uploader.num_dropped_parts if self._uploader is not None else 0
 
     @property
     def num_written_rows(self) -> int:
@@ -376,6 +409,8 @@ class Monitor:
         if not self._writer.close(self.config.close_timeout_seconds):
             self._fail("closing the writer", TimeoutError(
                 f"not drained after {self.config.close_timeout_seconds} s; unwritten rows are lost"))
+        if self._uploader is not None:
+            self._uploader.close(self.config.close_timeout_seconds)  # what it cannot ship stays in the spool
 
     def __enter__(self) -> "Monitor":
         return self
@@ -393,6 +428,7 @@ class _Pending:
     segment: int
     rank: int
     writer: BackgroundWriter
+    uploader: Uploader | None = None
     buffer: StepBuffer | None = None
     host_rows: list[dict[str, Any]] = field(default_factory=list)
 
@@ -411,3 +447,5 @@ def _finish(pending: _Pending, timeout: float) -> None:
     except Exception as err:  # at exit there is nobody left to raise to
         warnings.warn(f"runwatch: the last rows of run {pending.run!r} were lost: {err}", RuntimeWarning, stacklevel=1)
     pending.writer.close(timeout)
+    if pending.uploader is not None:
+        pending.uploader.close(timeout)

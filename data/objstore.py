@@ -58,28 +58,36 @@ _ATTEMPTS = 5
 _fs_lock = threading.Lock()
 
 
-def storage_options(protocol: str) -> dict:
+def storage_options(protocol: str, fail_fast: bool = False) -> dict:
     """fsspec options per protocol: no listing cache (a stale listing would hide a flush or show a
     switched-away part) and bounded network waits (an outage must fail a call, not hang it).
-    Credentials and the endpoint come from the SDK's own chain (``AWS_*`` variables, profiles,
-    instance roles, ``AWS_ENDPOINT_URL``); runwatch never reads or stores a secret."""
+    ``fail_fast``: one try per call with short timeouts, for a caller that retries with its own
+    back-off (the Monitor's uploader). Credentials and the endpoint come from the SDK's own chain
+    (``AWS_*`` variables, profiles, instance roles, ``AWS_ENDPOINT_URL``); runwatch never reads or
+    stores a secret."""
     if protocol in ("s3", "s3a"):
+        if fail_fast:
+            return {"use_listings_cache": False,
+                    "config_kwargs": {"connect_timeout": 3, "read_timeout": 10, "retries": {"max_attempts": 1}}}
         return {"use_listings_cache": False,
                 "config_kwargs": {"connect_timeout": 5, "read_timeout": 30, "retries": {"max_attempts": 3}}}
     return {"use_listings_cache": False} if protocol in ("gs", "gcs", "abfs", "az") else {}
 
 
-def filesystem(url: str) -> tuple[object, str]:
+def filesystem(url: str, fail_fast: bool = False) -> tuple[object, str]:
     """(fsspec filesystem, path without protocol) of ``url``; a missing optional package says what to install."""
     import fsspec
 
     protocol = url.split("://", 1)[0]
     try:
         with _fs_lock:
-            return fsspec.url_to_fs(url, **storage_options(protocol))
+            fs, path = fsspec.url_to_fs(url, **storage_options(protocol, fail_fast))
     except ImportError as err:
         raise ImportError(f"{url}: reading {protocol}:// roots needs an fsspec driver: "
                           f"pip install 'runwatch[s3]' (s3fs) or the driver for {protocol}") from err
+    if fail_fast and hasattr(fs, "retries"):
+        fs.retries = 1  # s3fs's own retry loop (not a constructor option); its instance is this caller's alone
+    return fs, path
 
 
 def _mtime(info: dict) -> float:
@@ -104,9 +112,9 @@ class StaleListing(RuntimeError):
 class ObjectRoot:
     """A runwatch root under an fsspec URL; see the module docstring for how it is read."""
 
-    def __init__(self, url: str, *, create: bool = False) -> None:
+    def __init__(self, url: str, *, create: bool = False, fail_fast: bool = False) -> None:
         self.url = url.rstrip("/")
-        self.fs, self.base = filesystem(self.url)
+        self.fs, self.base = filesystem(self.url, fail_fast)
         self.base = self.base.rstrip("/")
         self.protocol = self.url.split("://", 1)[0]
         if not create and not self._root_exists():
