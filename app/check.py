@@ -73,6 +73,12 @@ def format_report(run: str, report: Report) -> str:
 
 def main(args: argparse.Namespace) -> int:
     """Entry point of ``runwatch check``; ValueError/OSError/RuntimeError become exit 2 in the CLI."""
+    if getattr(args, "all", False):
+        from runwatch.app import check_all
+
+        return check_all.main(args)
+    if getattr(args, "engine", "local") != "local":
+        raise ValueError("--engine applies to --all only")
     report = run_check(args.root, args.run, now=getattr(args, "now", None))
     if args.json:
         sys.stdout.write(json.dumps(report.to_dict(args.run), allow_nan=False) + "\n")

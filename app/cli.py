@@ -105,7 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
 
     def root_arg(p: argparse.ArgumentParser, required: bool = True) -> None:
-        p.add_argument("--root", required=required, help="runwatch store root (a directory of run=<id>/...)")
+        p.add_argument("--root", required=required,
+                       help="runwatch store root: a directory of run=<id>/..., or an object-store URL (s3://bucket/prefix)")
 
     p = sub.add_parser("import", help="import an archived run log into the store",
                        description="Parse a training log and store it as a run. Nothing lands unless the whole file parses.")
@@ -130,8 +131,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("check", help="run the detectors and print findings and rollback advice",
                        description="Judge a run: findings, segments and rollback advice. Exit 0 healthy, 1 action needed, 2 usage or data error.")
     root_arg(p)
-    p.add_argument("--run", required=True, help="run to check")
-    p.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--run", help="run to check")
+    which.add_argument("--all", action="store_true",
+                       help="judge every run (exit 1 if any needs action) and store each run's findings beside it")
+    p.add_argument("--json", action="store_true",
+                   help="print exactly one JSON object on stdout (with --all: a list of them, one per run)")
+    p.add_argument("--engine", choices=("local", "spark"), default="local",
+                   help="with --all: a process pool on this machine (default) or Spark (pip install 'runwatch[spark]')")
+    p.add_argument("--workers", type=int, help="with --all --engine local: processes (default: the usable cores)")
+    p.add_argument("--master", help="with --engine spark: the Spark master (default: $SPARK_MASTER, else local[*])")
     p.set_defaults(func=_delegate("runwatch.app.check"))
 
     p = sub.add_parser("advise", help="checkpoint cost, interruptions, lost work, cadence and retention",

@@ -1,0 +1,110 @@
+"""``runwatch check --all``: judge every run of a root, on this machine's cores or on Spark.
+
+``--engine local`` judges runs in a process pool (``spawn``: DuckDB and
+fsspec keep threads that a fork would copy mid-flight), each worker with one
+``Store`` over the root calling ``judge_run``; ``--engine spark`` is
+``spark_check.py``. Both write each run's findings file (``findings.py``)
+and return, per run, the object ``check --json`` prints for it (or
+``{"run", "error"}`` for a run that cannot be read). Exit status: 1 when any
+run needs action (or stalled), else 2 when any run could not be judged,
+else 0.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import sys
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+from runwatch.app import escape
+from runwatch.data.roots import open_root
+
+EXIT_OK, EXIT_ACTION, EXIT_USAGE = 0, 1, 2
+ENGINES = ("local", "spark")
+
+_store = None  # one per worker process
+
+
+def runs_with_metrics(root: str | Path) -> list[str]:
+    """The runs both engines judge: every run with committed metrics parts."""
+    return sorted({Path(f.path).parent.parent.parent.name[4:] for f in open_root(root).files(None, "metrics")})
+
+
+def _open(root: str) -> None:
+    global _store
+    from runwatch.data.store import Store
+
+    _store = Store(root)
+
+
+def _judge(run: str, now: float | None) -> dict:
+    from runwatch.app.findings import judge_and_store
+
+    try:
+        return judge_and_store(_store, run, engine="local", now=now)
+    except (ValueError, RuntimeError, OSError, ArithmeticError, MemoryError) as err:
+        return {"run": run, "error": f"{type(err).__name__}: {' '.join(str(err).split())}"}
+
+
+def check_all_local(root: str | Path, *, workers: int | None = None, now: float | None = None) -> list[dict]:
+    """Judge every run in a pool of ``workers`` processes (default: the cores this process may use)."""
+    runs = runs_with_metrics(root)
+    if not runs:
+        return []
+    workers = max(1, min(workers or len(os.sched_getaffinity(0)), len(runs)))
+    if workers == 1:
+        _open(str(root))
+        return [_judge(run, now) for run in runs]
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_open, initargs=(str(root),)) as pool:
+        return list(pool.map(_judge, runs, [now] * len(runs), chunksize=max(1, len(runs) // (workers * 8))))
+
+
+def check_all(root: str | Path, engine: str = "local", *, workers: int | None = None,
+              now: float | None = None, master: str | None = None) -> list[dict]:
+    """Every run's ``check --json`` object (sorted by run), judged by ``engine``; findings files written."""
+    if engine not in ENGINES:
+        raise ValueError(f"--engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+    open_root(root)  # a missing root is one clear error, before any worker starts
+    if engine == "spark":
+        from runwatch.app.spark_check import check_all_spark
+
+        results = check_all_spark(root, master=master, now=now)
+    else:
+        results = check_all_local(root, workers=workers, now=now)
+    return sorted(results, key=lambda r: r["run"])
+
+
+def exit_code(results: Sequence[dict]) -> int:
+    if any(r.get("health") in ("action needed", "stalled") for r in results):
+        return EXIT_ACTION
+    return EXIT_USAGE if any("error" in r for r in results) else EXIT_OK
+
+
+def format_line(result: dict) -> str:
+    """One terminal line per run: health, then the open findings' kinds (run names and kinds are data)."""
+    if "error" in result:
+        return escape.terminal(f"{result['run']}: ERROR {result['error']}")
+    open_ = [f for f in result["findings"] if f.get("open")]
+    kinds = ", ".join(f"{f['kind']}@{f['onset_step']}" for f in open_)
+    return escape.terminal(f"{result['run']}: {result['health'].upper()}" + (f"  open: {kinds}" if kinds else ""))
+
+
+def main(args: object) -> int:
+    """``runwatch check --all``: a list for scripts (``--json``) or one line per run."""
+    results = check_all(args.root, args.engine, workers=getattr(args, "workers", None),
+                        now=getattr(args, "now", None), master=getattr(args, "master", None))
+    if args.json:
+        sys.stdout.write(json.dumps(results, allow_nan=False) + "\n")
+    else:
+        for result in results:
+            print(format_line(result))
+        counts: dict[str, int] = {}
+        for r in results:
+            counts[r.get("health", "error")] = counts.get(r.get("health", "error"), 0) + 1
+        print(f"{len(results)} runs: " + ", ".join(f"{n} {h}" for h, n in sorted(counts.items())))
+    return exit_code(results)
