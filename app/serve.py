@@ -28,6 +28,8 @@ from runwatch.app.auth import (
     read_auth,
 )
 
+from runwatch.data.roots import is_url, open_root
+
 ROOT_ENV = "RUNWATCH_ROOT"  # how the Streamlit child learns its root (read by state.py)
 APP_DIR = Path(__file__).resolve().parent
 ENTRY = APP_DIR / "asgi.py"
@@ -56,9 +58,13 @@ def streamlit_command(host: str, port: int, auth: AuthConfig | None = None) -> l
 
 def serve(root: str | Path, host: str = "127.0.0.1", port: int = 8501, secrets: str | Path | None = None) -> int:
     """Serve until interrupted; returns streamlit's exit code."""
-    root_path = Path(root).expanduser().resolve()
-    if not root_path.is_dir():
-        raise ValueError(f"{root}: no such directory (expected a runwatch root)")
+    if is_url(root):  # an object store: checked here (one clear error), read through fsspec by the app
+        open_root(str(root))
+        root_path = str(root).rstrip("/")
+    else:
+        root_path = Path(root).expanduser().resolve()
+        if not root_path.is_dir():
+            raise ValueError(f"{root}: no such directory (expected a runwatch root)")
     if secrets is not None and not Path(secrets).is_file():
         raise ValueError(f"--secrets {secrets}: no such file")
     secrets_file = Path(secrets).resolve() if secrets is not None else default_secrets_file()

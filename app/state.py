@@ -26,7 +26,10 @@ import pyarrow as pa
 import streamlit as st
 
 from runwatch.app import escape, figures, views
+from runwatch.app.findings import read_findings, signature_of
 from runwatch.app.serve import ROOT_ENV
+from runwatch.data.changes import listed_signatures
+from runwatch.data.roots import is_url, open_root
 from runwatch.data.storage import check_run_name, data_files, list_runs, run_dir
 from runwatch.data.store import Store
 
@@ -38,14 +41,18 @@ CHART_COLUMNS = ("loss", "grad_norm", "loss_scale", "act_norm", "step_time")
 NUM_BUCKETS = 2000
 
 
-def root() -> Path:
-    """The root this dashboard serves: ``$RUNWATCH_ROOT`` or ``--root`` after ``--`` on the command line."""
+def root() -> Path | str:
+    """The root this dashboard serves: ``$RUNWATCH_ROOT`` or ``--root`` after ``--`` on the command line
+    (a directory, or an object-store URL, kept as it is)."""
     value = os.environ.get(ROOT_ENV)
     argv = sys.argv[1:]
     if "--root" in argv and argv.index("--root") + 1 < len(argv):
         value = argv[argv.index("--root") + 1]
     if not value:
         raise ValueError(f"no runwatch root: set {ROOT_ENV} or start with `runwatch dashboard --root ROOT`")
+    if is_url(value):
+        open_root(value)  # a missing bucket or prefix is one clear error on the page
+        return value.rstrip("/")
     path = Path(value).resolve()
     if not path.is_dir():
         raise ValueError(f"{path}: no such directory (expected a runwatch root)")
@@ -59,6 +66,8 @@ def get_store(root_dir: str) -> Store:
 
 def signature(root_dir: str, run: str | None = None) -> tuple[float, int]:
     """Newest mtime and number of committed files: changes on every flush, import or compaction."""
+    if is_url(root_dir):
+        return signature_of(open_root(root_dir), run)
     mtimes = []
     for f in data_files(root_dir, run, "metrics") + data_files(root_dir, run, "events"):
         try:
@@ -103,6 +112,8 @@ def signatures(root_dir: str) -> dict[str, tuple[float, int]]:
     A run's files are listed again only when its directory stamp changed, so
     an idle root of hundreds of runs costs a walk of its directories.
     """
+    if is_url(root_dir):  # no directory stamps on an object store: one listing of the root per tick
+        return listed_signatures(open_root(root_dir))
     known = _listed().setdefault(root_dir, {})
     runs = list_runs(root_dir)
     for gone in set(known) - set(runs):
@@ -270,6 +281,10 @@ def report_for(root_dir: str, run: str, *, compute: bool = True, sig: tuple[floa
     cache, key, now = _reports(), (root_dir, run), time.time()
     sig = signature(root_dir, run) if sig is None else sig
     entry = cache.get(key)
+    if entry is None:  # judged before by `check --all`, on these very files and detectors? (findings.py)
+        entry = _stored(root_dir, run, sig)
+        if entry is not None:
+            cache[key] = entry
     if entry is not None and (not compute or not is_stale(entry, sig, now, detail=detail)):
         return entry.report, entry.error, False
     if not compute:
@@ -281,6 +296,14 @@ def report_for(root_dir: str, run: str, *, compute: bool = True, sig: tuple[floa
         return None, f"detectors unavailable: {err}", False
     cache[key] = Judged(sig, now, time.perf_counter() - t0, live, report, error)
     return report, error, False
+
+
+def _stored(root_dir: str, run: str, sig: tuple[float, int]) -> Judged | None:
+    """The run's stored judgement as a cache entry, when it was made from exactly these files."""
+    stored = read_findings(root_dir, run)
+    if stored is None or stored.sig != sig:
+        return None
+    return Judged(sig, stored.judged_at, stored.cost, stored.live, stored.report, None)
 
 
 def report_stamp(root_dir: str, run: str) -> float:

@@ -225,6 +225,11 @@ def read_run_meta(root: str | Path, run: str) -> dict:
 
 def run_exists(root: str | Path, run: str) -> bool:
     """True when the run has committed data (metrics or events): a directory alone is an empty shell."""
+    if isinstance(root, str) and "://" in root and not root.startswith("file://"):
+        from runwatch.data.roots import open_root  # an object-store root (roots.py imports this module)
+
+        location = open_root(root, create=True)
+        return bool(location.files(run, "metrics") or location.files(run, "events"))
     return bool(data_files(root, run, "metrics") or data_files(root, run, "events"))
 
 
