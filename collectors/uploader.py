@@ -170,7 +170,7 @@ class Uploader:
 
     def _ship_all(self) -> None:
         self._enforce_bound()
-        for directory in [self.partition, *self._leftovers()]:
+        for directory in [*self._leftovers(), self.partition]:  # older segments claim remote numbers first
             mapping = self._remote_partition(directory)
             for part in _parts(directory):
                 self.root.put_file(f"{mapping}/{part.name}", str(part))

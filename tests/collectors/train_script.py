@@ -32,6 +32,7 @@ def main() -> None:
     parser.add_argument("--fsize-limit", type=int, default=None, help="RLIMIT_FSIZE in bytes (a full disk)")
     parser.add_argument("--distributed", action="store_true")
     parser.add_argument("--no-close", action="store_true", help="exit without Monitor.close() (atexit must flush)")
+    parser.add_argument("--spool", default=None, help="local spool for an object-store --root")
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.fsize_limit is not None:
@@ -49,7 +50,8 @@ def main() -> None:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         mon = Monitor(args.root, args.name, model=model, activation_module=model.blocks[-1],
-                      config=MonitorConfig(flush_every_steps=args.flush_every, flush_every_seconds=3600))
+                      config=MonitorConfig(flush_every_steps=args.flush_every, flush_every_seconds=3600),
+                      spool=args.spool)
         for step in range(args.steps):
             loss, grad_norm = train_step(train_model, optimizer, next(batches))
             mon.step(step, loss=loss, grad_norm=grad_norm, lr=1e-3, tokens=(step + 1) * 4 * cfg.seq_len)
