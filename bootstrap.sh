@@ -26,4 +26,12 @@ if ! command -v chromium >/dev/null; then
     echo "note: Debian's chromium is not installed; the browser test will be skipped (sudo apt-get install chromium)" >&2
   fi
 fi
+# Spark (check --all --engine spark) runs on a JVM: Debian's headless JRE, like Chromium.
+if ! command -v java >/dev/null; then
+  if [ "$(id -u)" = 0 ]; then
+    (apt-get update -q && apt-get install -y -q default-jre-headless) >/dev/null
+  else
+    echo "note: no Java runtime; the Spark test will be skipped (sudo apt-get install default-jre-headless)" >&2
+  fi
+fi
 exec .venv/bin/python -m pytest "$@"
