@@ -41,7 +41,7 @@ FINDINGS_FILE = "findings.jsonl"
 @cache
 def detector_version() -> str:
     """``<runwatch version>+<digest of the detectors' source>``: changes whenever any detector does."""
-    import runwatch.detectors as detectors
+    from runwatch import detectors
 
     digest = hashlib.sha256()
     for path in sorted(Path(detectors.__path__[0]).glob("*.py")):

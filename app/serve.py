@@ -27,7 +27,6 @@ from runwatch.app.auth import (
     default_secrets_file,
     read_auth,
 )
-
 from runwatch.data.roots import is_url, open_root
 
 ROOT_ENV = "RUNWATCH_ROOT"  # how the Streamlit child learns its root (read by state.py)

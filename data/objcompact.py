@@ -78,7 +78,8 @@ def compact_run(root: ObjectRoot, run: str, result: CompactResult) -> None:
         before, after = compact_partition(root, run, prefix, parts)
         result.files_before += before
         result.files_after += after
-    dead = [k for k in root.listing(run) if k.endswith("/" + WRITER_CLAIM) and root.full(k.rsplit("/", 1)[0]) not in live]
+    dead = [k for k in root.listing(run)
+            if k.endswith("/" + WRITER_CLAIM) and root.full(k.rsplit("/", 1)[0]) not in live]
     root.delete(dead)  # claims of Monitors long gone: nothing reads them
 
 

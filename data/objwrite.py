@@ -19,11 +19,11 @@ import errno
 import json
 import os
 import socket
+import tempfile
 import threading
 import time
 import uuid
 import warnings
-import tempfile
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -133,7 +133,7 @@ class ObjectRunLock:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def acquire(self) -> "ObjectRunLock":
+    def acquire(self) -> ObjectRunLock:
         supports_create(self.root)
         for _ in range(3):
             if create(self.root, self.rel, _holder_json(self.action, self.token, self.lease)):
@@ -168,7 +168,7 @@ class ObjectRunLock:
             if info is not None and info.get("token") == self.token:
                 self.root.delete([self.rel])
 
-    def __enter__(self) -> "ObjectRunLock":
+    def __enter__(self) -> ObjectRunLock:
         return self.acquire()
 
     def __exit__(self, *exc: object) -> None:
@@ -228,7 +228,8 @@ def recover(root: ObjectRoot, run: str) -> int:
     return len(ops)
 
 
-def replace_run(url: str, run: str, build: Callable[[StagedRun], T], *, replace: bool, action: str) -> tuple[T, list[str]]:
+def replace_run(url: str, run: str, build: Callable[[StagedRun], T], *, replace: bool,
+                action: str) -> tuple[T, list[str]]:
     """Land a new run tree (built by ``build`` into a local ``StagedRun``) as ``run`` under ``url``.
 
     Takes the run's lock, recovers, refuses an existing run without ``replace`` and a run a Monitor

@@ -109,7 +109,7 @@ class LocalRoot:
         return str(run_dir(self.path, run) / RUN_META)
 
 
-def open_root(root: str | Path, *, create: bool = False) -> LocalRoot | "Root":
+def open_root(root: str | Path, *, create: bool = False) -> LocalRoot | Root:
     """The root at ``root``: an ``ObjectRoot`` for a URL, else a ``LocalRoot`` (which must be a directory)."""
     if is_url(root):
         from runwatch.data.objstore import ObjectRoot

@@ -22,13 +22,13 @@ import pytest
 from tests.app.conftest import spike_lines
 from tests.app.test_browser import CHROMIUM, CHROMIUM_ARGS, _free_port, _wait_idle
 from tests.data.helpers import run_cli
-from tests.s3server import MotoS3, moto_s3  # noqa: F401 - fixture
+from tests.s3server import MotoS3
 
 pytestmark = pytest.mark.browser
 
 
 @pytest.fixture(scope="module")
-def s3_fleet(moto_s3: MotoS3, tmp_path_factory: pytest.TempPathFactory) -> str:  # noqa: F811
+def s3_fleet(moto_s3: MotoS3, tmp_path_factory: pytest.TempPathFactory) -> str:
     root = f"s3://{moto_s3.bucket()}/fleet"
     here = tmp_path_factory.mktemp("logs")
     for run, spike_at in (("calm-run", -1), ("spiky-run", 250)):

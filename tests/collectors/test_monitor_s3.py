@@ -9,14 +9,12 @@ and counts them.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
-import pytest
 import torch
 
 from runwatch.app.tinygpt import TinyGPT, TinyGPTConfig, synthetic_batches, train_step
@@ -24,7 +22,7 @@ from runwatch.collectors.monitor import Monitor, MonitorConfig
 from runwatch.collectors.uploader import UploaderConfig
 from runwatch.data.objstore import ObjectRoot
 from runwatch.data.store import Store
-from tests.s3server import MotoS3, moto_s3, s3_root  # noqa: F401 - fixtures
+from tests.s3server import MotoS3
 
 FAST = UploaderConfig(retry_initial_seconds=0.1, retry_max_seconds=0.5, poll_seconds=0.1)
 SCRIPT = Path(__file__).with_name("train_script.py")
@@ -65,7 +63,7 @@ def test_shipping_survives_a_server_stop_and_restart(tmp_path: Path, moto_s3: Mo
     trainer, spool = Trainer(), tmp_path / "spool"
     mon = Monitor(s3_root, "gpt", model=trainer.model, spool=spool, upload=FAST,
                   config=MonitorConfig(flush_every_steps=10, flush_every_seconds=3600))
-    trainer.train(mon, range(0, 60))
+    trainer.train(mon, range(60))
     _wait(lambda: mon.num_uploaded_parts >= 1 and not _spooled_parts(spool))
     moto_s3.stop()
     try:

@@ -26,7 +26,6 @@ from runwatch.data.record import metrics_table
 from runwatch.data.staging import CRASH_ENV
 from runwatch.data.store import Store
 from tests.data.helpers import run_cli, write_log
-from tests.s3server import moto_s3, s3_root  # noqa: F401 - fixtures
 
 KILLED = -9
 
