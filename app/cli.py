@@ -91,6 +91,14 @@ def _cmd_compact(args: argparse.Namespace) -> int:
     return EXIT_USAGE if result.busy else EXIT_OK
 
 
+def _cmd_manifests(args: argparse.Namespace) -> int:
+    from runwatch.data.manifests import SYMLINK_DIR, write_manifests
+
+    num = write_manifests(args.root)
+    print(f"wrote {num} manifest{'s' * (num != 1)} under {str(args.root).rstrip('/')}/{SYMLINK_DIR}/")
+    return EXIT_OK
+
+
 def _delegate(module: str, function: str = "main"):
     """A subcommand implemented in another module of the app, imported only when used."""
 
@@ -127,6 +135,12 @@ def build_parser() -> argparse.ArgumentParser:
     root_arg(p)
     p.add_argument("--run", help="only this run (default: every run)")
     p.set_defaults(func=_cmd_compact)
+
+    p = sub.add_parser("manifests", help="write symlink manifests for Trino/Athena",
+                       description="List each partition's committed Parquet parts in ROOT/_symlink/ (Hive's "
+                                   "SymlinkTextInputFormat), for engines that read whole directories.")
+    root_arg(p)
+    p.set_defaults(func=_cmd_manifests)
 
     p = sub.add_parser("check", help="run the detectors and print findings and rollback advice",
                        description="Judge a run: findings, segments and rollback advice. Exit 0 healthy, 1 action needed, 2 usage or data error.")

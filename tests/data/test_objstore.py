@@ -126,6 +126,11 @@ def test_compact_merges_parts_and_changes_no_result(s3_root: str) -> None:
     with Store(s3_root) as store:
         assert store.events("m").to_pylist() == before_check
     assert len(root.files("m", "metrics")) == 2 and len(root.files("m", "events")) == 2
+    out = run_cli("manifests", "--root", s3_root)
+    assert out.returncode == 0 and "wrote 2 manifests" in out.stdout, out.stderr
+    for rank in (0, 1):
+        listed = root.fs.cat_file(root.key(f"_symlink/run=m/segment=0/rank={rank}/manifest")).decode().split()
+        assert listed == [f.path for f in root.files("m", "metrics") if f"/rank={rank}/" in f.path]
 
 
 @pytest.mark.parametrize("point", ["objop.pending", "objop.uploaded", "objop.committed"])
