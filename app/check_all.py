@@ -21,7 +21,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from runwatch.app import escape
-from runwatch.data.roots import open_root
+from runwatch.data.roots import open_root, run_of
 
 EXIT_OK, EXIT_ACTION, EXIT_USAGE = 0, 1, 2
 ENGINES = ("local", "spark")
@@ -31,7 +31,7 @@ _store = None  # one per worker process
 
 def runs_with_metrics(root: str | Path) -> list[str]:
     """The runs both engines judge: every run with committed metrics parts."""
-    return sorted({Path(f.path).parent.parent.parent.name[4:] for f in open_root(root).files(None, "metrics")})
+    return sorted({run_of(f.path) for f in open_root(root).files(None, "metrics")})
 
 
 def _open(root: str) -> None:

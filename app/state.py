@@ -67,7 +67,7 @@ def get_store(root_dir: str) -> Store:
 def signature(root_dir: str, run: str | None = None) -> tuple[float, int]:
     """Newest mtime and number of committed files: changes on every flush, import or compaction."""
     if is_url(root_dir):
-        return signature_of(open_root(root_dir), run)
+        return signature_of(get_store(root_dir).location, run)
     mtimes = []
     for f in data_files(root_dir, run, "metrics") + data_files(root_dir, run, "events"):
         try:
@@ -113,7 +113,7 @@ def signatures(root_dir: str) -> dict[str, tuple[float, int]]:
     an idle root of hundreds of runs costs a walk of its directories.
     """
     if is_url(root_dir):  # no directory stamps on an object store: one listing of the root per tick
-        return listed_signatures(open_root(root_dir))
+        return listed_signatures(get_store(root_dir).location)
     known = _listed().setdefault(root_dir, {})
     runs = list_runs(root_dir)
     for gone in set(known) - set(runs):

@@ -23,7 +23,7 @@ import threading
 import time
 from pathlib import Path
 
-from runwatch.data.roots import Root, open_root
+from runwatch.data.roots import Root, open_root, run_of
 
 Signature = tuple[float, int]
 
@@ -33,8 +33,7 @@ def listed_signatures(root: Root) -> dict[str, Signature]:
     out: dict[str, list[float]] = {}
     for kind in ("metrics", "events"):
         for f in root.files(None, kind):
-            run = Path(f.path).parent.parent.parent.name[len("run="):]
-            out.setdefault(run, []).append(f.mtime)
+            out.setdefault(run_of(f.path), []).append(f.mtime)
     return {run: (max(mtimes), len(mtimes)) for run, mtimes in sorted(out.items())}
 
 

@@ -121,6 +121,11 @@ def open_root(root: str | Path, *, create: bool = False) -> LocalRoot | Root:
     return local
 
 
+def run_of(path: str) -> str:
+    """The run of a part's path ``.../run=<id>/segment=<k>/rank=<r>/<file>``."""
+    return path.replace("\\", "/").split("/")[-4][len("run="):]
+
+
 def segment_rank(path: str) -> tuple[int, int]:
     """(segment, rank) from a part's path ``.../segment=<k>/rank=<r>/<file>``."""
     parts = path.replace("\\", "/").split("/")

@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from runwatch.data.record import EVENTS_SCHEMA, resume_steps_of, segment_cuts
-from runwatch.data.roots import FileInfo, Root, is_url, local_path, open_root, segment_rank
+from runwatch.data.roots import FileInfo, Root, is_url, local_path, open_root, run_of, segment_rank
 
 
 def query_arrow(con: duckdb.DuckDBPyConnection, sql: str, params: dict) -> pa.Table:
@@ -233,7 +233,10 @@ class Store:
         succeeds; when it fails, each on its own, so a corrupt file fails only
         its run.
         """
-        stats = {run: st for run in self.run_names() if (st := self._stats(run))}
+        stats: dict[str, list[FileInfo]] = {}
+        for f in self.location.files(None, "metrics"):  # one listing of the root (one LIST on a bucket)
+            stats.setdefault(run_of(f.path), []).append(f)
+        stats = dict(sorted(stats.items()))
         stale = [run for run, st in stats.items() if self._summaries.get(run, (None,))[0] != _key(st)]
         if len(stale) > 1:
             self._summarise_together(stale, stats)
