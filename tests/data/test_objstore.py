@@ -171,3 +171,23 @@ def test_a_reader_resolves_an_op_in_flight(s3_root: str) -> None:
     assert _rows(s3_root, "m") == old  # committed: the old parts hidden, the merged one (same rows) shown
     with Store(s3_root) as store:
         assert len(store.location.files("m", "metrics")) == 1 + 2  # rank 0 merged, rank 1's two parts
+
+
+def test_the_listing_change_source_reports_only_what_changed(s3_root: str) -> None:
+    from runwatch.data.changes import ListingChanges
+
+    root = ObjectRoot(s3_root, create=True)
+    _monitor_like_parts(root, "a", num_parts=1, rows_each=5)
+    _monitor_like_parts(root, "b", num_parts=1, rows_each=5)
+    changes = ListingChanges(s3_root, interval=0.01)
+    first = changes.poll()
+    assert sorted(first) == ["a", "b"] and first["a"][1] == 6  # per rank (two): a metrics part and two events parts
+    assert changes.poll() == {}
+    root.put("run=b/segment=0/rank=0/metrics-99999999999999999999-00000001.parquet",
+             _parquet(metrics_table([{"step": 100, "loss": 1.0}])))
+    assert list(changes.poll()) == ["b"]
+    root.put("run=a/findings.jsonl", b"{}\n")  # not data: no change
+    assert changes.poll() == {}
+    root.delete(k for k in root.listing("a"))
+    assert changes.poll() == {"a": None}
+    assert changes.wait()
