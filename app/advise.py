@@ -13,7 +13,6 @@ import argparse
 import json
 import math
 import sys
-from pathlib import Path
 
 from runwatch.app.checkpoint_views import figure_text, retention_line, size_text
 from runwatch.app.judge import judge_run
@@ -117,7 +116,7 @@ def main(args: argparse.Namespace) -> int:
     """Entry point of ``runwatch advise``; ValueError/OSError/RuntimeError become exit 2 in the CLI."""
     _check_number("--mtbf-hours", args.mtbf_hours, positive=True)
     _check_number("--cost-per-hour", args.cost_per_hour, positive=False)
-    with Store(Path(args.root)) as store:
+    with Store(args.root) as store:  # a directory or an object-store URL (Path would fold s3://)
         advice = checkpoint_advice(store, args.run, mtbf_hours=args.mtbf_hours)
     if args.json:
         sys.stdout.write(json.dumps(advice.to_dict(), allow_nan=False) + "\n")

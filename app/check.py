@@ -31,8 +31,12 @@ def run_check(root: str | Path, run: str, now: float | None = None) -> Report:
         return judge_run(store, run, now=now)
 
 
+ACTION_HEALTH = ("action needed", "stalled")
+"""The healths that make ``check`` (and ``check --all``, for any run) exit 1."""
+
+
 def exit_code(report: Report) -> int:
-    return EXIT_ACTION if report.health in ("action needed", "stalled") else EXIT_OK
+    return EXIT_ACTION if report.health in ACTION_HEALTH else EXIT_OK
 
 
 def format_report(run: str, report: Report) -> str:

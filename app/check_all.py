@@ -16,14 +16,15 @@ import json
 import multiprocessing
 import os
 import sys
+import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from runwatch.app import escape
+from runwatch.app.check import ACTION_HEALTH, EXIT_ACTION, EXIT_OK, EXIT_USAGE
 from runwatch.data.roots import open_root, run_of
 
-EXIT_OK, EXIT_ACTION, EXIT_USAGE = 0, 1, 2
 ENGINES = ("local", "spark")
 
 _store = None  # one per worker process
@@ -70,6 +71,7 @@ def check_all(root: str | Path, engine: str = "local", *, workers: int | None = 
     if engine not in ENGINES:
         raise ValueError(f"--engine must be one of {', '.join(ENGINES)}, got {engine!r}")
     open_root(root)  # a missing root is one clear error, before any worker starts
+    now = time.time() if now is None else now  # one clock for the whole pass, whichever engine
     if engine == "spark":
         from runwatch.app.spark_check import check_all_spark
 
@@ -80,7 +82,8 @@ def check_all(root: str | Path, engine: str = "local", *, workers: int | None = 
 
 
 def exit_code(results: Sequence[dict]) -> int:
-    if any(r.get("health") in ("action needed", "stalled") for r in results):
+    """1 when any run needs action (``check``'s rule), else 2 when any could not be judged, else 0."""
+    if any(r.get("health") in ACTION_HEALTH for r in results):
         return EXIT_ACTION
     return EXIT_USAGE if any("error" in r for r in results) else EXIT_OK
 

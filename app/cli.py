@@ -155,6 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --all: a process pool on this machine (default) or Spark (pip install 'runwatch[spark]')")
     p.add_argument("--workers", type=int, help="with --all --engine local: processes (default: the usable cores)")
     p.add_argument("--master", help="with --engine spark: the Spark master (default: $SPARK_MASTER, else local[*])")
+    p.add_argument("--now", type=float, metavar="UNIX_SECONDS",
+                   help="judge as of this time (whether a live run has stalled; default: the clock)")
     p.set_defaults(func=_delegate("runwatch.app.check"))
 
     p = sub.add_parser("advise", help="checkpoint cost, interruptions, lost work, cadence and retention",

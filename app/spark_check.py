@@ -36,20 +36,23 @@ def _spark_path(path: str) -> str:
     return "s3a://" + path[len("s3://"):] if path.startswith("s3://") else path
 
 
-def _session(master: str | None):
+def _session(master: str | None) -> tuple[object, bool]:
+    """The Spark session to judge in, and whether this call started it (then it stops it too)."""
     try:
         from pyspark.sql import SparkSession
     except ImportError as err:
         raise ImportError("--engine spark needs PySpark: pip install 'runwatch[spark]'") from err
+    ours = SparkSession.getActiveSession() is None
     builder = SparkSession.builder.appName("runwatch check --all")
     master = master or os.environ.get("SPARK_MASTER") or "local[*]"
     builder = builder.master(master)
     if master.startswith("local") and not os.environ.get("PYSPARK_PYTHON"):
         os.environ["PYSPARK_PYTHON"] = sys.executable  # local workers: this interpreter, which has runwatch
     # Run names such as "123" must stay strings; segment and rank are cast below.
-    return (builder.config("spark.sql.sources.partitionColumnTypeInference.enabled", "false")
-            .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-            .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false").getOrCreate())
+    session = (builder.config("spark.sql.sources.partitionColumnTypeInference.enabled", "false")
+               .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+               .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false").getOrCreate())
+    return session, ours
 
 
 def _arrow_type(spark_type: object) -> pa.DataType:
@@ -112,13 +115,17 @@ def check_all_spark(root: str | Path, *, master: str | None = None, now: float |
     if not files:
         return []
     base = _spark_path(location.url if is_url(root) else str(Path(root).resolve()))
-    spark = _session(master)
-    spark.sparkContext.setLogLevel("ERROR")
-    frame = (spark.read.option("basePath", base).option("mergeSchema", "true").parquet(*files)
-             .withColumn("segment", F.col("segment").cast("int")).withColumn("rank", F.col("rank").cast("int")))
-    types = {f.name: (pa.string() if f.name == "run" else _arrow_type(f.dataType)) for f in frame.schema.fields}
-    masked = frame.select(*frame.columns, *[F.isnull(c).alias(_NULL + c) for c in frame.columns])
-    now = time.time() if now is None else now  # one clock for every run, as the local engine's callers pass
-    where = str(root) if is_url(root) else str(Path(root).resolve())  # the workers' view of the root
-    judged = masked.groupBy("run").applyInPandas(judge_group(where, types, now), schema=_RESULT_SCHEMA)
-    return [json.loads(row["result"]) for row in judged.collect()]
+    spark, ours = _session(master)
+    try:
+        spark.sparkContext.setLogLevel("ERROR")
+        frame = (spark.read.option("basePath", base).option("mergeSchema", "true").parquet(*files)
+                 .withColumn("segment", F.col("segment").cast("int")).withColumn("rank", F.col("rank").cast("int")))
+        types = {f.name: (pa.string() if f.name == "run" else _arrow_type(f.dataType)) for f in frame.schema.fields}
+        masked = frame.select(*frame.columns, *[F.isnull(c).alias(_NULL + c) for c in frame.columns])
+        now = time.time() if now is None else now  # one clock for every run
+        where = str(root) if is_url(root) else str(Path(root).resolve())  # the workers' view of the root
+        judged = masked.groupBy("run").applyInPandas(judge_group(where, types, now), schema=_RESULT_SCHEMA)
+        return [json.loads(row["result"]) for row in judged.collect()]
+    finally:
+        if ours:  # a session the caller already had (a notebook's) stays theirs to stop
+            spark.stop()

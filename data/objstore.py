@@ -149,7 +149,11 @@ class ObjectRoot:
             found = self.fs.find(top, detail=True)
         except FileNotFoundError:
             return {}
-        return {self.rel(k): v for k, v in found.items() if v.get("type", "file") != "directory"}
+        # Only keys under the run's own folder: a driver whose find() matched by bare prefix would also
+        # return run=<id>x/..., which a --replace of <id> must never see (it deletes what it lists).
+        inside = "" if run is None else f"run={run}/"
+        return {rel: v for k, v in found.items()
+                if v.get("type", "file") != "directory" and (rel := self.rel(k)).startswith(inside)}
 
     def read_op(self, rel: str) -> dict | None:
         """An op record, or None when it is gone (its operation finished after we listed)."""

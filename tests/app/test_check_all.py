@@ -65,8 +65,10 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def _check(root: Path, *extra: str) -> tuple[int, list[dict]]:
-    out = run_cli("check", "--all", "--root", str(root), "--json", *extra, timeout=600)
+def _check(root: Path, *extra: str, now: float | None = NOW) -> tuple[int, list[dict]]:
+    """``check --all --json`` as of ``now`` (at ``NOW`` the live run has been silent for hours: stalled)."""
+    clock = [] if now is None else ["--now", str(now)]
+    out = run_cli("check", "--all", "--root", str(root), "--json", *clock, *extra, timeout=600)
     assert out.returncode in (0, 1), out.stderr
     return out.returncode, json.loads(out.stdout)
 
@@ -75,11 +77,10 @@ def test_local_engine_equals_check_of_each_run_and_stores_findings(fleet: Path) 
     code, results = _check(fleet, "--engine", "local", "--workers", "2")
     assert code == 1 and [r["run"] for r in results] == sorted(r["run"] for r in results)
     for result in results:
-        one = run_cli("check", "--root", str(fleet), "--run", result["run"], "--json")
-        single = json.loads(one.stdout)
-        assert result["findings"] == single["findings"] and result["health"] == single["health"]
-        assert result["rollback"] == single["rollback"]
-    assert {r["health"] for r in results} >= {"healthy", "action needed"}
+        one = run_cli("check", "--root", str(fleet), "--run", result["run"], "--json", "--now", str(NOW))
+        assert result == json.loads(one.stdout), "the object check --json prints for the run, exactly"
+    assert {r["health"] for r in results} == {"healthy", "action needed", "stalled"}
+    assert next(r for r in results if r["run"] == "live")["health"] == "stalled"
     stored = read_findings(fleet, "spike-1")
     assert stored is not None and stored.report.to_dict("spike-1") == {**next(r for r in results
                                                                               if r["run"] == "spike-1")}
@@ -97,6 +98,7 @@ def test_spark_engine_gives_the_same_findings_run_by_run(fleet: Path) -> None:
     assert [r["run"] for r in spark] == [r["run"] for r in local]
     for a, b in zip(local, spark):
         assert a == b, a["run"]
+    assert {r["health"] for r in spark} == {"healthy", "action needed", "stalled"}
     head = json.loads((fleet / "run=nan-3" / FINDINGS_FILE).read_text().splitlines()[0])
     assert head["engine"] == "spark"
 
@@ -107,7 +109,7 @@ def test_all_and_run_are_exclusive(fleet: Path) -> None:
 
 
 def test_the_overview_takes_stored_verdicts_and_judges_newer_files(fleet: Path, monkeypatch) -> None:
-    _check(fleet, "--engine", "local")
+    _check(fleet, "--engine", "local", now=None)  # judged now, as the dashboard sees it
     root_dir = str(fleet)
     state._reports().clear()
     judged = []

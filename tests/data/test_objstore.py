@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import time
 from pathlib import Path
 
@@ -62,6 +63,9 @@ def test_import_runs_check_match_a_local_root(tmp_path: Path, s3_root: str) -> N
     remote, here = (run_cli("check", "--root", root, "--run", "r", "--json") for root in (s3_root, str(local)))
     assert remote.returncode == here.returncode and json.loads(remote.stdout) == json.loads(here.stdout)
     assert json.loads(remote.stdout)["findings"], "the spike at step 300 is found on S3 as on disk"
+    remote, here = (run_cli("advise", "--root", root, "--run", "r", "--json") for root in (s3_root, str(local)))
+    assert remote.returncode == here.returncode == 0, remote.stderr
+    assert json.loads(remote.stdout) == json.loads(here.stdout)
     again = run_cli("import", "jsonl", str(log), "--root", s3_root, "--run", "r")
     assert again.returncode == 2 and "already exists" in again.stderr
     assert _plain_duckdb(ObjectRoot(s3_root)) == [(0, 0, s, lines[s + (s >= 200)]["loss"]) for s in range(600)]
@@ -191,3 +195,38 @@ def test_the_listing_change_source_reports_only_what_changed(s3_root: str) -> No
     root.delete(k for k in root.listing("a"))
     assert changes.poll() == {"a": None}
     assert changes.wait()
+
+
+@pytest.mark.parametrize("point", ["objop.pending", "objop.uploaded", "objop.committed"])
+def test_a_kill_during_compact_changes_no_row(s3_root: str, point: str) -> None:
+    """``compact`` killed at each step of its switch: runwatch reads every row once, the next writer finishes it."""
+    root = ObjectRoot(s3_root, create=True)
+    _monitor_like_parts(root, "m", num_parts=4, rows_each=10)
+    before, before_plain = _rows(s3_root, "m"), _plain_duckdb(root)
+    out = run_cli("compact", "--root", s3_root, "--run", "m", env={CRASH_ENV: point})
+    assert out.returncode == KILLED
+    assert _rows(s3_root, "m") == before  # the old parts or the merged one, never both, never neither
+    root.delete([".run=m.lock"])  # the killed writer's lease (it would expire by itself)
+    out = run_cli("compact", "--root", s3_root)
+    assert out.returncode == 0, out.stderr
+    assert _rows(s3_root, "m") == before and _plain_duckdb(root) == before_plain
+    assert len(root.files("m", "metrics")) == 2 and not [k for k in root.listing() if "/_runwatch/" in k]
+
+
+def test_no_credential_is_printed_or_stored(tmp_path: Path, s3_root: str) -> None:
+    """Keys come from the AWS chain (here the environment); none reaches an object, a record or the output."""
+    secrets = [os.environ["AWS_ACCESS_KEY_ID"], os.environ["AWS_SECRET_ACCESS_KEY"]]
+    log = write_log(tmp_path / "a.jsonl", range(300), 1.0, grad_norm=0.5)
+    outputs = [run_cli("import", "jsonl", str(log), "--root", s3_root, "--run", "r"),
+               run_cli("import", "jsonl", str(log), "--root", s3_root, "--run", "r", "--replace"),
+               run_cli("runs", "--root", s3_root), run_cli("check", "--root", s3_root, "--run", "r", "--json"),
+               run_cli("check", "--all", "--root", s3_root), run_cli("compact", "--root", s3_root),
+               run_cli("manifests", "--root", s3_root),
+               run_cli("runs", "--root", s3_root.replace("/fleet", "/nothing-here"))]
+    assert [o.returncode for o in outputs] == [0, 0, 0, 0, 0, 0, 0, 2], [o.stderr for o in outputs]
+    root = ObjectRoot(s3_root)
+    stored = {k: root.fs.cat_file(root.key(k)) for k in root.listing()}
+    assert any(k.endswith("findings.jsonl") for k in stored) and any("_symlink/" in k for k in stored)
+    for secret in secrets:
+        assert not [k for k, data in stored.items() if secret.encode() in data]
+        assert not [o for o in outputs if secret in o.stdout or secret in o.stderr]
