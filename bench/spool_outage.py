@@ -53,7 +53,8 @@ def main() -> None:
             rows = max(1, min(cfg.flush_every_steps, round(cfg.flush_every_seconds * rate)))
             per_row = bytes_per_row(Path(tmp), rows)
             seconds = spool / (per_row * rate)
-            print(f"| {rate:g} | {rows} | {per_row:,.1f} | {per_row * rate:,.0f} | {seconds / 86400:,.1f} days |")
+            lasts = f"{seconds / 86400:,.1f} days" if seconds >= 2 * 86400 else f"{seconds / 3600:,.1f} hours"
+            print(f"| {rate:g} | {rows} | {per_row:,.1f} | {per_row * rate:,.0f} | {lasts} |")
 
 
 if __name__ == "__main__":
