@@ -105,6 +105,8 @@ class Uploader:
         self.num_failures = 0
         self.num_dropped_parts = 0
         self.num_dropped_rows = 0
+        self.last_error: str | None = None
+        """The latest failed upload's error (None once a try succeeds): what an outage looks like from here."""
         self._meta_mtime: int | None = None
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -136,7 +138,8 @@ class Uploader:
         left = self.num_waiting
         if left:
             warnings.warn(f"runwatch: {left} part(s) of run {self.run!r} are still in the spool {self.partition} "
-                          f"(not yet uploaded to {self.root.url}); the next Monitor with this spool ships them",
+                          f"(not yet uploaded to {self.root.url}; last error: {self.last_error}); the next Monitor "
+                          "with this spool ships them",
                           RuntimeWarning, stacklevel=2)
         return not self._thread.is_alive() and not left
 
@@ -147,12 +150,13 @@ class Uploader:
         while True:
             try:
                 self._ship_all()
-                delay = self.config.retry_initial_seconds
+                delay, self.last_error = self.config.retry_initial_seconds, None
                 if self._stop.is_set() and self._writer_done():
                     self._end_claims()
                     return
             except Exception as err:  # noqa: BLE001 - an outage or anything else: wait, then try again
                 self.num_failures += 1
+                self.last_error = f"{type(err).__name__}: {' '.join(str(err).split())}"
                 self._warn_once(err)
                 self._enforce_bound()
                 wait = min(delay, self.config.retry_max_seconds) * random.uniform(0.8, 1.2)

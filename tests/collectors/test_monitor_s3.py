@@ -79,7 +79,8 @@ def test_shipping_survives_a_server_stop_and_restart(tmp_path: Path, moto_s3: Mo
     trainer.train(mon, range(120, 180))
     mon.close()
     assert mon.num_dropped_rows == 0 and mon.num_errors == 0
-    assert _spooled_parts(spool) == []
+    uploader = mon._uploader
+    assert _spooled_parts(spool) == [], f"{uploader.num_failures} failed tries, last: {uploader.last_error}"
     with Store(s3_root) as store:
         steps = store.rows("gpt", rank=None)["step"].to_pylist()
         events = store.events("gpt").to_pylist()
