@@ -21,10 +21,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from runwatch.data.downsample import envelopes
 from runwatch.data.record import EVENTS_SCHEMA, resume_steps_of, segment_cuts
 from runwatch.data.roots import FileInfo, Root, is_url, local_path, open_root, run_of, segment_rank
 
@@ -101,32 +103,28 @@ SELECT run, min(step) AS first_step, max(step) AS last_step, count(DISTINCT segm
 FROM {_READ} GROUP BY run ORDER BY run
 """
 
-# Per bucket of x: first/last/min/max of the finite values, where min and max sit,
-# and how many values were not finite, so no spike and no NaN disappears.
-_DOWNSAMPLE_SQL = """
-WITH rows AS (SELECT segment, main, {x} AS x, {col} AS v FROM rows_tbl WHERE {col} IS NOT NULL AND {x} IS NOT NULL),
-b AS (
-  SELECT *, least(CAST(floor((x - $lo) * $num_buckets / greatest($hi - $lo, 1e-9)) AS BIGINT), $num_buckets - 1) AS bucket
-  FROM rows WHERE x >= $lo AND x <= $hi
-)
-SELECT segment, main, bucket,
-       min(x) AS x_first, max(x) AS x_last,
-       arg_min(v, x) FILTER (WHERE isfinite(v)) AS first, arg_max(v, x) FILTER (WHERE isfinite(v)) AS last,
-       min(v) FILTER (WHERE isfinite(v)) AS min, max(v) FILTER (WHERE isfinite(v)) AS max,
-       arg_min(x, v) FILTER (WHERE isfinite(v)) AS x_min, arg_max(x, v) FILTER (WHERE isfinite(v)) AS x_max,
-       count(*) FILTER (WHERE NOT isfinite(v)) AS num_nonfinite, count(*) AS num_rows
-FROM b GROUP BY segment, main, bucket ORDER BY segment, main, bucket
+# The columns a chart needs, with the main-line flag (the per-bucket envelopes are ``downsample.py``'s).
+_CHART_ROWS_SQL = f"""
+WITH m AS (SELECT segment, rank, step, time, __COLS__ FROM {_READ} WHERE ($rank IS NULL OR rank = $rank)), {_CUTS}
+SELECT m.*, (cut.cut_step IS NULL OR m.step < cut.cut_step) AS main
+FROM m LEFT JOIN cut USING (segment)
 """
 
-# The columns a chart needs, with the main-line flag; ``step_time`` is derived from
-# the time between consecutive rows of a segment when the run does not store it.
-_CHART_ROWS_SQL = f"""
-WITH m AS (SELECT segment, step, time, __COLS__ FROM {_READ} WHERE ($rank IS NULL OR rank = $rank)), {_CUTS}
-SELECT m.*, (cut.cut_step IS NULL OR m.step < cut.cut_step) AS main,
-       (m.time - lag(m.time) OVER w) / nullif(m.step - lag(m.step) OVER w, 0) AS derived_step_time
-FROM m LEFT JOIN cut USING (segment)
-WINDOW w AS (PARTITION BY m.segment ORDER BY m.step)
-"""
+
+def derived_step_time(rows: pa.Table) -> np.ndarray:
+    """Seconds per step from consecutive rows of each segment and rank (NaN where it cannot be told)."""
+    seg = rows["segment"].to_numpy(zero_copy_only=False).astype(np.int64)
+    rank = rows["rank"].to_numpy(zero_copy_only=False).astype(np.int64)
+    step = rows["step"].to_numpy(zero_copy_only=False).astype(np.int64)
+    t = np.asarray(pc.fill_null(rows["time"], np.nan).to_numpy(zero_copy_only=False), dtype=float)
+    order = np.lexsort((step, rank, seg))
+    same = (seg[order][1:] == seg[order][:-1]) & (rank[order][1:] == rank[order][:-1])
+    d_step = np.diff(step[order]).astype(float)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        per_step = np.where(same & (d_step != 0), np.diff(t[order]) / d_step, np.nan)
+    out = np.full(step.size, np.nan)
+    out[order[1:]] = per_step
+    return out
 
 
 def unreadable(run: str, files: list[str], err: Exception, root: Root | None = None) -> str:
@@ -377,21 +375,14 @@ class Store:
         if num_buckets < 1:
             raise ValueError("num_buckets must be >= 1")
         wanted = [c for c in dict.fromkeys(columns) if c in names or c == "step_time"]
-        stored = [c for c in dict.fromkeys([x, *wanted]) if c in names and c not in ("step", "time")]
+        stored = [c for c in dict.fromkeys([x, *wanted]) if c in names and c not in ("segment", "rank", "step", "time")]
         sql = _CHART_ROWS_SQL.replace("__COLS__", ", ".join(quote_ident(c) for c in stored) or "NULL AS _none")
         rows_tbl = self._query_run(sql, run, {"rank": rank, **self._cut_params(run)})
-        if "step_time" not in names:
-            rows_tbl = rows_tbl.append_column("step_time", rows_tbl["derived_step_time"])
+        if "step_time" not in names:  # seconds per step between logged rows, when the run does not store it
+            rows_tbl = rows_tbl.append_column("step_time", pa.array(derived_step_time(rows_tbl)))
         if lo is None or hi is None:
             lo = pc.min(rows_tbl[x]).as_py() if lo is None else lo
             hi = pc.max(rows_tbl[x]).as_py() if hi is None else hi
         if lo is None or hi is None:
             return {}
-        con = self._con.cursor()
-        try:
-            con.register("rows_tbl", rows_tbl)
-            return {c: query_arrow(con, _DOWNSAMPLE_SQL.format(x=quote_ident(x), col=quote_ident(c)),
-                                   {"lo": float(lo), "hi": float(hi), "num_buckets": int(num_buckets)})
-                    for c in wanted}
-        except duckdb.Error as err:
-            raise StoreError(f"downsampling {wanted} of {run!r} failed: {err}") from err
+        return envelopes(rows_tbl, x, wanted, lo=float(lo), hi=float(hi), num_buckets=int(num_buckets))
