@@ -6,6 +6,11 @@ Exit status: 0 healthy or only findings that need no action, 1 when an open
 finding needs action (or the run is stalled), 2 for usage and data errors.
 This module does the I/O the pure detectors must not: reading the store,
 checking which checkpoint files still exist, and the clock.
+
+Acknowledgements and silences (``oncall.py``) are shown, not hidden: an
+acknowledged finding still counts for the exit status (someone is on it; the
+run still needs the action), and ``--json`` gives each finding an ``ack``
+(``by``, ``note``, ``time``, or null) and the run a ``silence`` in force (or null).
 """
 
 from __future__ import annotations
@@ -13,10 +18,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 from runwatch.app import escape
 from runwatch.app.judge import judge_run
+from runwatch.app.oncall import OnCall, ack_text, read_oncall, silence_text
 from runwatch.data.store import Store
 from runwatch.detectors.analysis import Report
 
@@ -35,13 +42,35 @@ ACTION_HEALTH = ("action needed", "stalled")
 """The healths that make ``check`` (and ``check --all``, for any run) exit 1."""
 
 
+def check_with_oncall(root: str | Path, run: str, now: float | None = None) -> tuple[Report, OnCall]:
+    """The judgement and the run's acknowledgements and silences, from one store."""
+    with Store(root) as store:
+        return judge_run(store, run, now=now), read_oncall(store.events(run))
+
+
+def to_json(run: str, report: Report, oncall: OnCall, now: float) -> dict:
+    """``--json``'s object: the report, each finding's ``ack`` and the ``silence`` in force."""
+    out = report.to_dict(run)
+    for f, d in zip(report.findings, out["findings"]):
+        ack = oncall.ack_for(f)
+        d["ack"] = None if ack is None else {"by": ack.by, "note": ack.note, "time": ack.time}
+    silence = oncall.silenced(now)
+    out["silence"] = None if silence is None else {"until": silence.until, "by": silence.by, "note": silence.note,
+                                                   "time": silence.time}
+    return out
+
+
 def exit_code(report: Report) -> int:
     return EXIT_ACTION if report.health in ACTION_HEALTH else EXIT_OK
 
 
-def format_report(run: str, report: Report) -> str:
+def format_report(run: str, report: Report, oncall: OnCall | None = None, now: float | None = None) -> str:
     """The 3 a.m. view: one health line, what happened, what to do; every line passes ``escape.terminal``."""
+    oncall = oncall or OnCall()
     lines = [f"{run}: {report.health.upper()}"]
+    silence = oncall.silenced(time.time() if now is None else now)
+    if silence is not None:
+        lines.append(f"alerts {silence_text(silence)}")
     open_ = [f for f in report.findings if f.open]
     history = [f for f in report.findings if not f.open]
     if not report.findings:
@@ -55,6 +84,8 @@ def format_report(run: str, report: Report) -> str:
         for f in group:
             flag = "ACTION" if f.needs_action and f.open else f.severity
             lines.append(f"  [{flag}] {f.kind} seg {f.segment} steps {f.onset_step}-{f.end_step}: {f.message}")
+            if (ack := oncall.ack_for(f)) is not None:
+                lines.append(f"      {ack_text(ack)}")
     rb = report.rollback
     if rb is not None:
         lines.append("what to do:")
@@ -83,9 +114,11 @@ def main(args: argparse.Namespace) -> int:
         return check_all.main(args)
     if getattr(args, "engine", "local") != "local":
         raise ValueError("--engine applies to --all only")
-    report = run_check(args.root, args.run, now=getattr(args, "now", None))
+    now = getattr(args, "now", None)
+    report, oncall = check_with_oncall(args.root, args.run, now=now)
+    clock = time.time() if now is None else now
     if args.json:
-        sys.stdout.write(json.dumps(report.to_dict(args.run), allow_nan=False) + "\n")
+        sys.stdout.write(json.dumps(to_json(args.run, report, oncall, clock), allow_nan=False) + "\n")
     else:
-        print(format_report(args.run, report))
+        print(format_report(args.run, report, oncall, clock))
     return exit_code(report)

@@ -169,6 +169,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cost-per-hour", type=float, help="what the cluster costs per hour, for the cost per day")
     p.set_defaults(func=_delegate("runwatch.app.advise"))
 
+    p = sub.add_parser("ack", help="acknowledge a finding (check and the dashboard show who is on it)",
+                       description="Record that you are on a finding: an 'ack' event in the run's record.")
+    root_arg(p)
+    p.add_argument("--run", required=True, help="the run")
+    p.add_argument("--kind", required=True, help="the finding's kind (as `runwatch check` prints it)")
+    p.add_argument("--segment", type=int, help="its segment, when several findings of the kind exist")
+    p.add_argument("--onset", type=int, help="its onset step, when several findings of the kind exist")
+    p.add_argument("--by", required=True, help="who acknowledges (a name or an address)")
+    p.add_argument("--note", help="what you are doing about it")
+    p.set_defaults(func=_delegate("runwatch.app.oncall", "main_ack"))
+
+    p = sub.add_parser("silence", help="mute a run's alerts for a while",
+                       description="Record a 'silence' event: alerts about the run stay quiet until it ends.")
+    root_arg(p)
+    p.add_argument("--run", required=True, help="the run")
+    p.add_argument("--for", dest="duration", required=True, help="how long: 90m, 4h, 2d or seconds")
+    p.add_argument("--by", required=True, help="who silences it")
+    p.add_argument("--note", help="why (maintenance, known issue, ...)")
+    p.set_defaults(func=_delegate("runwatch.app.oncall", "main_silence"))
+
     p = sub.add_parser("dashboard", help="serve the on-call dashboard", description="Serve the Streamlit dashboard over ROOT.")
     root_arg(p)
     p.add_argument("--port", type=int, default=8501, help="port (default 8501)")

@@ -124,14 +124,19 @@ def read_findings(root: str | Path, run: str) -> Stored | None:
 
 
 def judge_and_store(store: object, run: str, *, engine: str, now: float | None = None) -> dict:
-    """Judge one run (``judge_run``), write its findings file, return the ``check --json`` object."""
+    """Judge one run (``judge_run``), write its findings file, return the ``check --json`` object (with each
+    finding's acknowledgement and the silence in force: ``check.to_json``)."""
+    from runwatch.app.check import to_json
     from runwatch.app.judge import is_live, judge_run
+    from runwatch.app.oncall import read_oncall
 
     sig = signature_of(store.location, run)  # before judging: files that land meanwhile make it stale
     t0 = time.perf_counter()
-    report = judge_run(store, run, now=now).to_dict(run)
+    judged = judge_run(store, run, now=now)
+    report = judged.to_dict(run)
     cost = time.perf_counter() - t0
-    live = is_live(store.meta(run), store.events(run))
-    write_findings(store.root, run, findings_lines(run, report, sig, judged_at=time.time() if now is None else now,
-                                                   live=live, cost=cost, engine=engine))
-    return report
+    events = store.events(run)
+    clock = time.time() if now is None else now
+    write_findings(store.root, run, findings_lines(run, report, sig, judged_at=clock, live=is_live(store.meta(run), events),
+                                                   cost=cost, engine=engine))
+    return to_json(run, judged, read_oncall(events), clock)

@@ -36,7 +36,10 @@ FLOAT_METRICS: tuple[str, ...] = ("loss", "grad_norm", "loss_scale", "act_norm",
 PARTITION_COLUMNS: tuple[str, ...] = ("run", "segment", "rank")
 RESERVED_NAMES = frozenset(METRIC_COLUMNS) | frozenset(PARTITION_COLUMNS) | {"event", "payload"}
 
-EVENT_KINDS: tuple[str, ...] = ("checkpoint", "resume", "config", "note")
+ONCALL_KINDS: tuple[str, ...] = ("ack", "silence")
+"""Events the on-call engineer writes (the dashboard, ``runwatch ack`` / ``silence``, or a JSONL import):
+``ack`` acknowledges one finding, ``silence`` mutes a run's alerts until a time (``check_oncall_event``)."""
+EVENT_KINDS: tuple[str, ...] = ("checkpoint", "resume", "config", "note", *ONCALL_KINDS)
 EVENT_FIELDS: tuple[pa.Field, ...] = (
     pa.field("event", pa.string(), nullable=False),
     pa.field("step", pa.int64(), nullable=False),
@@ -106,6 +109,39 @@ def conform_metrics(table: pa.Table) -> pa.Table:
         arrays.append(table[name].cast(pa.float64()))
         fields.append(pa.field(name, pa.float64()))
     return pa.Table.from_arrays(arrays, schema=pa.schema(fields, metadata=METRICS_SCHEMA.metadata))
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_oncall_event(ev: Mapping[str, object]) -> None:
+    """The shape of an ``ack`` or ``silence`` event, checked wherever one is written or imported.
+
+    ``ack``: ``{"finding": {"kind": str, "segment": int >= 0, "onset_step": int}, "by": str, "note": str}``
+    names the finding by what identifies it across judgements (its kind, segment and onset).
+    ``silence``: ``{"until": unix seconds, "by": str, "note": str}``. ``by`` is required, ``note`` may be
+    left out (an empty note). Raises ``ValueError`` naming the field.
+    """
+    kind = ev.get("event")
+    if kind not in ONCALL_KINDS:
+        return
+    by, note = ev.get("by"), ev.get("note", "")
+    if not isinstance(by, str) or not by.strip():
+        raise ValueError(f"an {kind} event needs 'by': who (a non-empty string), got {by!r}")
+    if not isinstance(note, str):
+        raise ValueError(f"'note' must be a string, got {note!r}")
+    if kind == "ack":
+        finding = ev.get("finding")
+        if not (isinstance(finding, Mapping) and isinstance(finding.get("kind"), str) and finding["kind"]
+                and _is_int(finding.get("segment")) and finding["segment"] >= 0
+                and _is_int(finding.get("onset_step"))):
+            raise ValueError("an ack needs 'finding': {\"kind\": str, \"segment\": int >= 0, \"onset_step\": int}, "
+                             f"got {finding!r}")
+    else:
+        until = ev.get("until")
+        if isinstance(until, bool) or not isinstance(until, (int, float)) or not math.isfinite(until):
+            raise ValueError(f"a silence needs 'until': unix seconds (a finite number), got {until!r}")
 
 
 def json_safe(value: object) -> object:

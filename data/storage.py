@@ -49,7 +49,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from runwatch.data.record import EVENT_KINDS, SCHEMA_VERSION, conform_metrics, json_safe
+from runwatch.data.record import EVENT_KINDS, SCHEMA_VERSION, check_oncall_event, conform_metrics, json_safe
 
 RUN_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$")
 RUN_META = "run.json"
@@ -142,6 +142,7 @@ def events_jsonl(events: Iterable[Mapping[str, object]]) -> bytes:
             raise ValueError(f"unknown event kind {kind!r}; expected one of {', '.join(EVENT_KINDS)}")
         if ev.get("step") is None:
             raise ValueError(f"{kind} event without a step")
+        check_oncall_event(ev)
         payload = {k: json_safe(v) for k, v in ev.items() if k not in ("event", "step", "time", "segment", "rank")}
         record = {"event": kind, "step": int(ev["step"]), "time": json_safe(ev.get("time")), "payload": payload}
         lines.append(json.dumps(record, allow_nan=False, default=str))

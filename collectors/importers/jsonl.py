@@ -31,7 +31,14 @@ import pyarrow.json as pajson
 
 from runwatch.collectors.importers.base import LogFormatError, ParsedLog
 from runwatch.collectors.importers.textlog import concat_parsed, first_line
-from runwatch.data.record import EVENT_KINDS, FLOAT_METRICS, METRIC_FIELDS, conform_metrics, is_valid_extra_name
+from runwatch.data.record import (
+    EVENT_KINDS,
+    FLOAT_METRICS,
+    METRIC_FIELDS,
+    check_oncall_event,
+    conform_metrics,
+    is_valid_extra_name,
+)
 
 INT_FIELDS = ("tokens", "samples")
 PLACEMENT_FIELDS = ("segment", "rank")
@@ -129,6 +136,7 @@ def parse_event(obj: dict) -> dict:
         skip = obj["skip_batches"]
         if not (isinstance(skip, list) and len(skip) == 2 and all(_is_number(x) for x in skip)):
             raise ValueError(f"'skip_batches' must be [first, last], got {skip!r}")
+    check_oncall_event(ev)  # ack / silence: the same shape rule as every other writer of the record
     return ev
 
 
