@@ -215,6 +215,10 @@ def main(args: argparse.Namespace) -> int:
     except ImportError as err:
         raise RuntimeError("the demo trains a model: pip install 'runwatch[torch]' (or torch)") from err
     root = Path(args.root).expanduser().resolve()
+    if not args.no_dashboard:  # a taken port fails now, not after a minute of training
+        from runwatch.app.serve import check_port
+
+        check_port(args.host, args.port)
     if getattr(args, "fresh", False) or (root.exists() and not has_demo(root)):
         clear_demo(root)
     if has_demo(root):

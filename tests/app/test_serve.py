@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +11,7 @@ import pytest
 
 from runwatch.app import serve
 from runwatch.app.cli import build_parser
+from tests.app.conftest import free_port
 
 
 def test_binds_loopback_unless_told_otherwise() -> None:
@@ -24,11 +26,47 @@ def test_binds_loopback_unless_told_otherwise() -> None:
     assert demo.host == "127.0.0.1" and not demo.no_dashboard
 
 
-def test_missing_root_is_a_clear_error(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "runwatch.app.cli", "dashboard", "--root", str(tmp_path / "nope")],
-                          capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2
-    assert "runwatch: error:" in proc.stderr and "no such directory" in proc.stderr and "Traceback" not in proc.stderr
+def _banner_then_stop(args: list[str], cwd: Path) -> tuple[str, int]:
+    """Start ``runwatch dashboard``; its first lines once it serves (or its whole output when it exits)."""
+    proc = subprocess.Popen([sys.executable, "-m", "runwatch.app.cli", *args], cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    lines = []
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("note:") or proc.poll() is not None:
+                break
+    finally:
+        proc.terminate()
+        code = proc.wait(timeout=30)
+    return "".join(lines) + (proc.stdout.read() if proc.stdout else ""), code
+
+
+@pytest.mark.parametrize("make", [False, True])
+def test_starts_on_a_missing_or_empty_root_and_says_how_to_fill_it(tmp_path: Path, make: bool) -> None:
+    root = tmp_path / "runs"
+    if make:
+        root.mkdir()
+    out, _ = _banner_then_stop(["dashboard", "--root", str(root), "--port", str(free_port())], tmp_path)
+    assert "runwatch dashboard on http://127.0.0.1:" in out
+    note = "does not exist yet" if not make else "has no runs yet"
+    assert f"note: {root} {note}" in out and "runwatch demo --root" in out and "runwatch import auto" in out
+    assert root.exists() == make  # nothing created behind the user's back
+
+
+def test_a_taken_port_fails_before_any_banner(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = subprocess.run([sys.executable, "-m", "runwatch.app.cli", "dashboard", "--root", str(tmp_path),
+                               "--port", str(port)], capture_output=True, text=True, timeout=60)
+        demo = subprocess.run([sys.executable, "-m", "runwatch.app.cli", "demo", "--root", str(tmp_path / "demo"),
+                               "--port", str(port)], capture_output=True, text=True, timeout=60)
+    for done in (proc, demo):
+        assert done.returncode == 2 and done.stdout == ""  # no success banner, no "recording the demo runs"
+        assert f"--port {port}: cannot listen on 127.0.0.1:{port}" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "demo").exists()
 
 
 def test_bad_port_is_refused() -> None:
