@@ -30,10 +30,19 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _cmd_import(args: argparse.Namespace) -> int:
+    from runwatch.app.progress import Progress, reading
     from runwatch.collectors.importers import import_logs
 
-    result = import_logs(args.format, args.paths, args.root, args.run,
-                         skip_bad_lines=args.skip_bad_lines, replace=args.replace)
+    size = sum(os.path.getsize(p) for p in args.paths if os.path.isfile(p))
+    progress = Progress(size, f"importing {terminal(args.run)}")  # shown only when it takes a while
+    try:
+        with reading(args.paths, progress):
+            result = import_logs(args.format, args.paths, args.root, args.run,
+                                 skip_bad_lines=args.skip_bad_lines, replace=args.replace)
+    except BaseException:
+        progress.close()  # the bar's line ends before the error is printed
+        raise
+    progress.close(f"{result.num_rows:,} rows")
     print(f"imported {result.num_rows} rows and {result.num_events} events into run {result.run!r} "
           f"({result.num_segments} segment{'s' if result.num_segments != 1 else ''}) under {args.root}")
     if args.skip_bad_lines:

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
+from runwatch.app.progress import Progress
+
 if TYPE_CHECKING:  # torch is imported only when the demo trains: the dashboard works without it
     import torch
 
@@ -61,27 +63,6 @@ class DemoPlan:
         update with the jumped LR is ``lr_jump_at`` (its loss shows at the next step), so it is the latest
         checkpoint at or before ``lr_jump_at - 1``."""
         return (self.lr_jump_at - 1) // self.checkpoint_every * self.checkpoint_every
-
-
-class Progress:
-    """A one-line text progress bar on stderr (no dependency, fine in a log file too)."""
-
-    def __init__(self, total: int, out: TextIO = sys.stderr, width: int = 30) -> None:
-        self.total, self.done, self.out, self.width = max(1, total), 0, out, width
-        self._last = 0.0
-
-    def advance(self, label: str) -> None:
-        self.done += 1
-        now = time.monotonic()
-        if now - self._last < 0.1 and self.done < self.total:
-            return  # redraw at most ten times a second
-        self._last = now
-        frac = min(1.0, self.done / self.total)
-        bar = "#" * int(frac * self.width)
-        self.out.write(f"\r[{bar:<{self.width}}] {frac:4.0%}  {label:<28}")
-        if self.done >= self.total:
-            self.out.write("\n")
-        self.out.flush()
 
 
 def _batches(plan: DemoPlan, seed: int, start: int) -> Iterator:
@@ -179,7 +160,7 @@ def record_demo(root: str | Path, plan: DemoPlan | None = None, *, runs: tuple[s
                                        else plan.rollback_after_jump)
     cost = {"demo-healthy": plan.num_steps, "demo-diverged": fault_stop,
             "demo-rollback": rollback_stop + plan.num_steps - resume - 1}
-    progress = Progress(sum(cost[r] for r in runs), progress_out)
+    progress = Progress(sum(cost[r] for r in runs), "recording the demo runs", progress_out, unit="steps")
     if "demo-healthy" in runs:
         _train_segment(root, "demo-healthy", plan, start=0, stop=plan.num_steps, faults=False,
                        progress=progress, finished=True)
@@ -191,6 +172,7 @@ def record_demo(root: str | Path, plan: DemoPlan | None = None, *, runs: tuple[s
         skip = (plan.lr_jump_at, plan.lr_jump_at + plan.skip_batches - 1)
         _train_segment(root, "demo-rollback", plan, start=resume + 1, stop=plan.num_steps, faults=False,
                        progress=progress, resume_from=checkpoint, skip=skip, finished=True)
+    progress.close("done")
     return list(runs)
 
 
