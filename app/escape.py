@@ -13,6 +13,10 @@ calls it instead of formatting raw strings:
   code span and ``:red[..]`` into a directive.
 - ``plotly``: Plotly hover text, trace names and annotations, whose text
   renderer interprets ``<b>``, ``<a href>``, ``<br>`` and entities.
+- ``echarts``: text in an ECharts option (panel titles, series and mark
+  names, tooltip items). ECharts draws it on a canvas as plain text and its
+  default tooltips HTML-escape it, so markup is already inert; what is left is
+  layout: a newline or a control character would split or hide a label.
 - ``terminal``: text printed by the CLI, where an ESC or CSI sequence could
   move the cursor, erase the line or retitle the window, and a newline or a
   bidi override could forge a line the reader trusts.
@@ -62,6 +66,12 @@ def plotly(text: object) -> str:
     """``text`` as literal characters in Plotly hover text, trace names and annotations."""
     flat = "".join(" " if _is_control(ch) else ch for ch in str(text))
     return html.escape(flat, quote=True)
+
+
+def echarts(text: object) -> str:
+    """``text`` as one literal line in an ECharts option (never used as a ``formatter`` template)."""
+    flat = "".join(" " if _is_control(ch) else ch for ch in str(text))
+    return _WHITESPACE.sub(" ", flat).strip()
 
 
 def terminal(text: object) -> str:

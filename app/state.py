@@ -21,12 +21,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import plotly.graph_objects as go
 import pyarrow as pa
 import streamlit as st
 
-from runwatch.app import escape, figures, views
+from runwatch.app import escape, lifecycle
 from runwatch.app.findings import read_findings, signature_of
+from runwatch.app.oncall import read_oncall
 from runwatch.app.serve import ROOT_ENV
 from runwatch.data.changes import listed_signatures
 from runwatch.data.roots import is_url, open_root
@@ -37,13 +37,16 @@ LIVE_SECONDS = 5.0  # how often an open page polls for new flushes
 STALL_TICK_SECONDS = 15.0  # the soonest an unchanged live run is judged again (so "stalled" appears by itself)
 STALL_LATENESS = 0.1  # ... and at most this share of its silence late (see is_stale)
 RACY_SECONDS = 2.0  # a directory younger than this may change again within one timestamp tick (see _dir_stamp)
-CHART_COLUMNS = ("loss", "grad_norm", "loss_scale", "act_norm", "step_time")
 NUM_BUCKETS = 2000
 
 
 def root() -> Path | str:
     """The root this dashboard serves: ``$RUNWATCH_ROOT`` or ``--root`` after ``--`` on the command line
-    (a directory, or an object-store URL, kept as it is)."""
+    (a directory, or an object-store URL, kept as it is).
+
+    A local root may not exist yet (a training job about to create it): the
+    pages say so and how to fill it, and pick it up once it appears.
+    """
     value = os.environ.get(ROOT_ENV)
     argv = sys.argv[1:]
     if "--root" in argv and argv.index("--root") + 1 < len(argv):
@@ -54,9 +57,24 @@ def root() -> Path | str:
         open_root(value)  # a missing bucket or prefix is one clear error on the page
         return value.rstrip("/")
     path = Path(value).resolve()
-    if not path.is_dir():
-        raise ValueError(f"{path}: no such directory (expected a runwatch root)")
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{path}: not a directory (expected a runwatch root)")
     return path
+
+
+def root_exists(root_dir: str) -> bool:
+    """Whether there is a root to list (an object-store URL was checked when the dashboard started)."""
+    return is_url(root_dir) or Path(root_dir).is_dir()
+
+
+def how_to_fill(root_dir: str) -> str:
+    """Markdown: an empty or missing root, and the ways to put runs in it."""
+    where = escape.markdown(root_dir)
+    missing = "" if root_exists(root_dir) else " (the directory does not exist yet; it is created by the first run)"
+    return (f"No runs under {where} yet{missing}. To fill it: record a run with `Monitor(root, run=...)` in a "
+            "training loop (it appears here within seconds), import an archived log on the **Import** page or with "
+            f"`runwatch import auto LOG --root {where} --run NAME`, or record the demo runs with "
+            f"`runwatch demo --root {where} --no-dashboard`.")
 
 
 @st.cache_resource
@@ -135,15 +153,29 @@ def _summaries() -> dict[str, dict[str, tuple[tuple[float, int], dict | None, st
 
 
 def _summary(store: Store, run: str) -> dict:
-    """One run's row of ``Store.runs()`` from queries over that run's files alone."""
+    """One run's row of the runs table from queries over that run's files alone, with its main line's last
+    step (``lifecycle.main_last_step``) and the state that needs no judgement (``lifecycle.base_state``)."""
     segments = store.segments(run).to_pylist()
-    last_step = max(s["last_step"] for s in segments)
+    last_step = lifecycle.main_last_step(segments)
     tail = store.rows(run, rank=None, lo=last_step, hi=last_step)
+    tail = tail.filter(tail["main"])
     tokens = [t for t in (tail["tokens"].to_pylist() if "tokens" in tail.column_names else []) if t is not None]
     return {"run": run, "first_step": min(s["first_step"] for s in segments), "last_step": last_step,
             "num_segments": len(segments), "num_ranks": len(store.ranks(run)),
             "last_time": max((s["last_time"] for s in segments if s["last_time"] is not None), default=None),
-            "tokens": max(tokens, default=None), "num_rows": sum(s["num_rows"] for s in segments)}
+            "tokens": max(tokens, default=None), "num_rows": sum(s["num_rows"] for s in segments),
+            **_facts(store, run)}
+
+
+def _facts(store: Store, run: str) -> dict:
+    """What the overview shows beside a run's numbers, from its metadata and events (read when they change):
+    its state before judgement, the silence last recorded and the findings acknowledged."""
+    events = store.events(run)
+    oncall = read_oncall(events)
+    latest = oncall.silences[-1] if oncall.silences else None
+    return {"base_state": lifecycle.base_state(store.meta(run), events), "acked": sorted(oncall.acks),
+            "silenced_until": None if latest is None else latest.until,
+            "silenced_by": None if latest is None else latest.by}
 
 
 def _read_summary(root_dir: str, run: str, sig: tuple[float, int]) -> tuple[tuple[float, int], dict | None, str | None]:
@@ -159,7 +191,9 @@ def run_summary(root_dir: str, run: str, sig: tuple[float, int]) -> tuple[dict, 
     if run not in known or known[run][0] != sig:
         known[run] = _read_summary(root_dir, run, sig)
     _, row, error = known[run]
-    return {**(row or {"run": run}), "last_update": sig[0]}, error
+    row = row or {"run": run}
+    state = row.get("base_state", "live")
+    return {**row, "last_update": lifecycle.last_update(row.get("last_time"), sig[0], state)}, error
 
 
 def run_summaries(root_dir: str, sigs: dict[str, tuple[float, int]]) -> tuple[list[dict], dict[str, str]]:
@@ -180,9 +214,14 @@ def run_summaries(root_dir: str, sigs: dict[str, tuple[float, int]]) -> tuple[li
             scanned = {r["run"]: r for r in get_store(root_dir).runs().to_pylist()}
         except (ValueError, RuntimeError, OSError):
             scanned = {}  # one bad file fails the whole scan: read run by run, so it is pinned on its run
-        for run in stale:
-            if run in scanned:
-                known[run] = (sigs[run], scanned[run], None)
+        store = get_store(root_dir)
+        for run in stale:  # a run with one segment has no branch: its scanned row is its main line's
+            if run in scanned and scanned[run].get("num_segments") == 1 and not scanned[run].get("error"):
+                try:
+                    facts = _facts(store, run)
+                except (ValueError, RuntimeError, OSError):
+                    continue  # read on its own below, so the failure is pinned on it
+                known[run] = (sigs[run], {**scanned[run], **facts}, None)
     rows, errors = [], {}
     for run in sorted(sigs):
         row, error = run_summary(root_dir, run, sigs[run])
@@ -312,46 +351,26 @@ def report_stamp(root_dir: str, run: str) -> float:
     return entry.judged_at if entry is not None else 0.0
 
 
-@st.cache_data(max_entries=16, show_spinner=False)
-def run_chart(root_dir: str, run: str, sig: tuple[float, int], x: str, lo: float | None, hi: float | None,
-              stamp: float, _report: object | None) -> go.Figure:
-    """The run page's figure, rebuilt only when the files, the view or the report changed.
+def peek_report(root_dir: str, run: str, sig: tuple[float, int], *, detail: bool = False) -> tuple[object | None, bool]:
+    """The cached report of ``run`` without judging (None when there is none) and whether it is still current.
 
-    A live page re-runs every few seconds; without this each tick would
-    rebuild thousands of points into a new figure for nothing.
+    The run page draws its charts with this first, so a first visit never
+    waits for the detectors; it judges afterwards when the report is stale.
     """
-    segments = load_segments(root_dir, run, sig)
-    wanted = CHART_COLUMNS + (("step",) if x == "tokens" else ())
-    series = load_series(root_dir, run, sig, wanted, x, lo, hi)
-    to_x = None
-    if x == "tokens" and "step" in series:
-        main = series["step"].filter(series["step"]["main"])
-        to_x = figures.step_mapper(main["first"].to_numpy(), main["x_first"].to_numpy())
-    events = load_events(root_dir, run, sig)
-    findings = list(getattr(_report, "findings", []) or [])
-    last_step = max((s["last_step"] for s in segments), default=0)
-    abandoned_from = {s["segment"]: s["abandoned_from"] for s in segments if s["abandoned_from"] is not None}
-    fig = figures.run_figure(
-        series, x_title=x, bands=views.finding_bands(findings, last_step, to_x, abandoned_from),
-        checkpoints=views.event_marks(events, "checkpoint", to_x), resumes=views.event_marks(events, "resume", to_x),
-        abandoned_from=abandoned_from,
-        x_range=(lo, hi) if lo is not None and hi is not None else None,
-    )
-    fig.update_layout(uirevision=f"{run}:{x}:{lo}:{hi}")  # keep the user's client-side zoom across live ticks
-    return fig
+    entry = _reports().get((root_dir, run))
+    if entry is None:
+        return None, False
+    return entry.report, not is_stale(entry, sig, time.time(), detail=detail)
 
 
-def selected_run(root_dir: str) -> str | None:
-    """The run named in the URL (``?run=``), validated: a safe name that exists under the root."""
-    name = st.query_params.get("run")
-    if not name:
-        return None
+def check_run(root_dir: str, name: str) -> str | None:
+    """Why ``name`` (from a URL) cannot be shown, naming the runs that exist; None when it can."""
     try:
         check_run_name(name)
     except ValueError as err:
-        st.error(escape.markdown(err))
+        return str(err)
+    if root_exists(root_dir) and get_store(root_dir).has_run(name):
         return None
-    if not get_store(root_dir).has_run(name):
-        st.warning(escape.markdown(f"no run named {name!r} under {root_dir}"))
-        return None
-    return name
+    names = sorted(signatures(root_dir)) if root_exists(root_dir) else []
+    listed = ", ".join(names[:20]) + (f" and {len(names) - 20} more" if len(names) > 20 else "")
+    return f"no run named {name!r} under {root_dir}; runs there: {listed or 'none'}"

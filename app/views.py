@@ -17,13 +17,14 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from runwatch.app import escape
+from runwatch.app import escape, lifecycle
 from runwatch.detectors.advisor import resume_hint
 
-HEALTH_ORDER = {"action needed": 0, "stalled": 1, "error": 2, "analysing": 3, "watching": 4, "healthy": 5}
+HEALTH_ORDER = {"action needed": 0, "stalled": 1, "error": 2, "analysing": 3, "watching": 4, "unresolved": 5,
+                "healthy": 6}
 # Streamlit markdown colour names; the colour carries the message before the words are read.
 HEALTH_COLORS = {"action needed": "red", "stalled": "violet", "error": "gray", "analysing": "gray",
-                 "watching": "orange", "healthy": "green"}
+                 "watching": "orange", "unresolved": "orange", "healthy": "green"}
 # Cell backgrounds for the tables (the same meaning as HEALTH_COLORS).
 CELL_COLORS = {"red": "#f8d0cc", "violet": "#e3d5f5", "gray": "#e5e7ea", "orange": "#fde3bf", "green": "#d3f0dc",
                "blue": "#d6e6f7"}
@@ -80,9 +81,10 @@ def overview_rows(runs: Sequence[Mapping], reports: Mapping[str, object], errors
                   now: float, pending: Iterable[str] = ()) -> list[dict]:
     """One row per run, worst health first, then most recently updated.
 
-    ``runs``: ``Store.runs()`` rows; ``reports``: run -> analysis report;
-    ``errors``: run -> why it could not be analysed (shown, never hidden);
-    ``pending``: runs whose first analysis has not run yet.
+    ``runs``: the dashboard's run summaries (``state.run_summaries``: the runs
+    table plus ``base_state``, ``acked`` and ``silenced_until``); ``reports``:
+    run -> analysis report; ``errors``: run -> why it could not be analysed
+    (shown, never hidden); ``pending``: runs whose first analysis has not run yet.
     """
     pending = set(pending)
     rows = []
@@ -91,17 +93,25 @@ def overview_rows(runs: Sequence[Mapping], reports: Mapping[str, object], errors
         report = reports.get(name)
         health = ("analysing" if name in pending else "error" if name in errors or report is None
                   else report.health)
+        state = lifecycle.run_state(r.get("base_state", "live"), health)
+        health = lifecycle.display_health(health, state)
         opened = open_findings(report) if report is not None else []
+        acked = {tuple(k) for k in r.get("acked") or ()}
+        num_acked = sum(1 for f in opened if (f.kind, f.segment, f.onset_step) in acked)
         updated = r.get("last_update")
+        until = r.get("silenced_until")
+        kinds = "; ".join(sorted({f.kind for f in opened}))
         rows.append({
             "health": health,
+            "state": state,
             "run": name,
             "last step": r.get("last_step"),
             "updated": None if updated is None else datetime.fromtimestamp(updated, tz=timezone.utc),
             "idle": ago(None if updated is None else now - updated),
             "tokens": r.get("tokens"),
             "open findings": len(opened),
-            "what": errors.get(name) or "; ".join(sorted({f.kind for f in opened})) or "-",
+            "what": errors.get(name) or (kinds + (f" ({num_acked} acknowledged)" if num_acked else "")) or "-",
+            "alerts": f"silenced until {utc_time(until)[:-7]} UTC" if until is not None and until > now else "on",
             "segments": r.get("num_segments"),
             "_order": (HEALTH_ORDER.get(health, 9), -(updated or 0.0)),
         })
@@ -129,28 +139,31 @@ def findings_rows(findings: Iterable[object]) -> list[dict]:
 
 def finding_bands(findings: Iterable[object], last_step: int,
                   x_of_step: Callable[[float], float] | None = None,
-                  abandoned_from: Mapping[int, int] | None = None) -> list[dict]:
+                  abandoned_from: Mapping[int, int] | None = None,
+                  ack_of: Callable[[object], object | None] | None = None) -> list[dict]:
     """Shaded chart bands (in x units) for findings; an open one runs to the last step.
 
-    Closed speed findings (a stall that resumed, a slowdown that passed) get
-    no band: on a shared machine they are many, and they are in the table. A
-    finding on a branch that a resume abandoned is history: its band is grey,
-    labelled "rolled back" and stops where the main line took over, so it
-    never shades the healthy replay.
+    Every finding gets a band, open or closed, whatever its kind: the chart
+    shades closed ones alike (grey, lighter) and open ones by severity. Speed
+    findings (a stall, a slowdown) are drawn on the step-time panel only. A
+    finding on a branch that a resume abandoned is history: labelled "rolled
+    back", it stops where the main line took over, so it never shades the
+    healthy replay. An acknowledged finding (``ack_of``) says who is on it.
     """
     to_x = x_of_step or float
     abandoned_from = abandoned_from or {}
     bands = []
     for f in findings:
         is_open = bool(getattr(f, "open", False))
-        if f.kind in PERFORMANCE_KINDS and not is_open:
-            continue
         end = f.end_step if f.end_step is not None else (last_step if is_open else f.peak_step)
         end = f.onset_step if end is None else end
         label, severity = f.kind.replace("_", " "), f.severity
         cut = abandoned_from.get(f.segment)
         if not is_open and cut is not None and end >= cut:
             end, label, severity = max(f.onset_step, cut), f"{label} (rolled back)", "history"
+        ack = ack_of(f) if ack_of is not None else None
+        if ack is not None:
+            label += f" ✓ {getattr(ack, 'by', '')}"
         bands.append({"x0": to_x(f.onset_step), "x1": to_x(end), "severity": severity, "label": label,
                       "open": is_open, "panels": ("step_time",) if f.kind in PERFORMANCE_KINDS else None})
     return bands
@@ -172,6 +185,35 @@ def event_marks(events: pa.Table, kind: str, x_of_step: Callable[[float], float]
                     + (f", skipped batches {skip[0]}-{skip[1]}" if skip else ""))
         marks.append({"x": to_x(ev["step"]), "text": text, "step": ev["step"]})
     return marks
+
+
+def utc_time(t: float | None) -> str:
+    """A unix time as a reader reads it (UTC, to the second)."""
+    return "-" if t is None else datetime.fromtimestamp(t, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = max(0.0, seconds)
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f} {unit}"
+    return f"{seconds:.0f} s"
+
+
+def segment_rows(segments: Iterable[Mapping]) -> list[dict]:
+    """The segments table: steps, readable start and end times, how long, and where a resume cut it."""
+    rows = []
+    for s in segments:
+        start, end = s.get("first_time"), s.get("last_time")
+        cut = s.get("abandoned_from")
+        rows.append({"segment": s["segment"], "first step": s["first_step"], "last step": s["last_step"],
+                     "started": utc_time(start), "last logged": utc_time(end),
+                     "lasted": duration(None if start is None or end is None else end - start),
+                     "rows": s.get("num_rows"),
+                     "abandoned from": "-" if cut is None else f"step {cut:,} (a later segment resumed before it)"})
+    return rows
 
 
 def rollback_lines(rollback: object) -> list[str]:
@@ -227,6 +269,29 @@ def resume_command(run: str, rollback: object, meta: Mapping[str, object] | None
     head = "" if known else "# the run recorded no command: put yours in place of `python train.py`\n"
     return (head + " \\\n    ".join(shell) + "\n\n# in the training script:\n"
             + f"mon = Monitor(root, run={', '.join(monitor_args)}, model=model)")
+
+
+# The command line's words in errors the importers raise, as the Import page names the same things.
+PAGE_TERMS = (("choose another --run or pass --replace", "choose another run name or tick “replace the run if it exists”"),
+              ("--skip-bad-lines", "“skip bad lines”"), ("--replace", "“replace the run if it exists”"),
+              ("--run", "run name"), ("--root", "root"))
+
+
+def page_terms(error: object, shown_as: Mapping[str, str] | None = None) -> str:
+    """An importer's error as the Import page says it: its temporary paths shown as what the user gave
+    (``shown_as``: path -> name), and the CLI's flags as the page's own labels."""
+    text = str(error)
+    for path, name in sorted((shown_as or {}).items(), key=lambda kv: -len(kv[0])):
+        text = text.replace(path, name)
+    for flag, words in PAGE_TERMS:
+        text = text.replace(flag, words)
+    return text
+
+
+def upload_name(name: str) -> str:
+    """An uploaded file's own name, safe as a file name in a temporary folder."""
+    base = "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in Path(str(name)).name).lstrip(".")
+    return base[:100] or "upload.log"
 
 
 def resolve_under_root(root: str | Path, given: str) -> Path:

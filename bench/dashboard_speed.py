@@ -2,9 +2,9 @@
 
 Writes a synthetic 1M-step run (two segments, so there is an abandoned
 branch; one-step spikes and a NaN the chart must keep) as 20 flush-sized
-Parquet parts, then times what the run page does: one DuckDB read and
-per-bucket first/min/max/last for the five panels, the Plotly figure, its
-JSON (what Streamlit ships to the browser), a zoom re-query, and,
+Parquet parts, then times what the run page does on the server: one DuckDB
+read and per-bucket first/min/max/last for the six panels, the ECharts
+option, its JSON (what Streamlit ships to the browser), a zoom re-query, and,
 separately, the detectors over all rows. Then copies the run ten times and
 times what the overview does per refresh.
 
@@ -14,6 +14,7 @@ times what the overview does per refresh.
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing
 import shutil
 import statistics
@@ -25,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from runwatch.app import figures, state, views
+from runwatch.app import charts, series, state, views
 from runwatch.data.storage import StagedWrite, data_files
 from runwatch.data.store import Store
 
@@ -77,27 +78,29 @@ def run_page(root: Path, run: str, x: str = "step", lo: float | None = None, hi:
     out: dict = {}
     with Store(root) as store:
         t0 = time.perf_counter()
-        columns = list(state.CHART_COLUMNS) + (["step"] if x == "tokens" else [])
-        series = store.downsample_columns(run, columns, x=x, lo=lo, hi=hi, num_buckets=NUM_BUCKETS)
+        columns = list(charts.PANEL_COLUMNS) + (["step"] if x == "tokens" else [])
+        tables = store.downsample_columns(run, columns, x=x, lo=lo, hi=hi, num_buckets=NUM_BUCKETS)
         segments = store.segments(run).to_pylist()
         events = store.events(run)
         out["query_s"] = time.perf_counter() - t0
         t1 = time.perf_counter()
         to_x = None
         if x == "tokens":
-            main = series["step"].filter(series["step"]["main"])
-            to_x = figures.step_mapper(main["first"].to_numpy(), main["x_first"].to_numpy())
-        fig = figures.run_figure(series, x_title=x, checkpoints=views.event_marks(events, "checkpoint", to_x),
-                                 resumes=views.event_marks(events, "resume", to_x),
+            main = series.main_part(tables["step"])
+            to_x = series.step_mapper(main["first"].to_numpy(), main["x_first"].to_numpy())
+        marks = [{**m, "kind": k} for k in ("checkpoint", "resume") for m in views.event_marks(events, k, to_x)]
+        chart = charts.run_chart(tables, charts.panels_for(store.columns(run)), view=charts.View(x=x), marks=marks,
                                  abandoned_from={s["segment"]: s["abandoned_from"] for s in segments
                                                  if s["abandoned_from"] is not None})
         out["figure_s"] = time.perf_counter() - t1
         t2 = time.perf_counter()
-        out["json_bytes"] = len(fig.to_json())
+        out["json_bytes"] = len(json.dumps(chart.option))
         out["json_s"] = time.perf_counter() - t2
-        out["points"] = sum(len(t.x) for t in fig.data if t.x is not None)
-        out["loss_max"] = max(max(t.y) for t in fig.data if t.name == "main line" and t.yaxis in (None, "y"))
-        out["nan_marks"] = sum(len(t.x) for t in fig.data if t.name == "NaN/Inf")
+        lines = [s_ for s_ in chart.option["series"] if s_["type"] == "line"]
+        out["points"] = sum(len(s_["data"]) for s_ in lines)
+        out["loss_max"] = max(p[1] for s_ in lines if s_["name"] == "main line" and s_["xAxisIndex"] == 0
+                              for p in s_["data"] if p[1] is not None)
+        out["nan_marks"] = sum(len(s_["data"]) for s_ in chart.option["series"] if s_["name"] == "NaN/Inf")
     out["total_s"] = out["query_s"] + out["figure_s"] + out["json_s"]
     return out
 

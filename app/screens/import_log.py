@@ -1,9 +1,12 @@
 """Import page: load an archived training log into the root, with the importers that exist.
 
 A path must resolve to a file under the root (the dashboard reads nothing
-outside it); an upload is written to a temporary file first. Errors from the
-parser name the file and line and are shown escaped (they quote the log).
-Replacing an existing run needs its name typed again.
+outside it); an upload is written to a temporary folder under its own name
+first, and errors name the uploaded file, never that folder. Errors from the
+parser name the file and line and are shown escaped (they quote the log), in
+the page's own terms (its labels, not the command line's flags). Replacing
+an existing run needs its name typed again. The page says which root it
+writes to.
 """
 
 from __future__ import annotations
@@ -13,17 +16,18 @@ from pathlib import Path
 
 import streamlit as st
 
-from runwatch.app import escape, state
+from runwatch.app import escape, state, views
 from runwatch.app.views import resolve_under_root
 from runwatch.collectors.importers import FORMATS, import_logs
 from runwatch.data.storage import check_run_name, run_exists
 
 
-def _run_import(root_dir: str, fmt: str, path: Path, run: str, skip_bad: bool, replace: bool) -> None:
+def _run_import(root_dir: str, fmt: str, path: Path, run: str, skip_bad: bool, replace: bool,
+                shown_as: dict[str, str]) -> None:
     try:
         result = import_logs(fmt, [path], root_dir, run, skip_bad_lines=skip_bad, replace=replace)
     except (ValueError, OSError, RuntimeError) as err:
-        st.error(f"Import failed, nothing was written: {escape.markdown(err)}")
+        st.error(f"Import failed, nothing was written: {escape.markdown(views.page_terms(err, shown_as))}")
         return
     st.success(f"Imported {result.num_rows:,} rows and {result.num_events} events into run "
                f"{escape.markdown(result.run)} ({result.num_segments} segment(s); skipped {result.num_skipped} bad line(s)).")
@@ -65,29 +69,30 @@ def import_page(root_dir: str) -> None:
     if not confirmed:
         st.error("Not imported: type the run's name in the confirmation box to replace it.")
         return
-    try:
-        if upload is not None:
-            suffix = Path(upload.name).suffix[:16]
-            with tempfile.NamedTemporaryFile(suffix=suffix, delete=False) as tmp:
-                tmp.write(upload.getvalue())
-            path = Path(tmp.name)
-        elif given:
-            path = resolve_under_root(root_dir, given)
-        else:
-            st.error("Give a path or upload a file.")
+    with tempfile.TemporaryDirectory(prefix="runwatch-upload-") as tmp:
+        try:
+            if upload is not None:
+                name = views.upload_name(upload.name)
+                path = Path(tmp) / name
+                path.write_bytes(upload.getvalue())
+                shown_as = {str(path): name, str(path.resolve()): name, tmp: "(upload)"}
+            elif given:
+                path = resolve_under_root(root_dir, given)
+                shown_as = {}
+            else:
+                st.error("Give a path or upload a file.")
+                return
+        except ValueError as err:
+            st.error(escape.markdown(err))
             return
-    except ValueError as err:
-        st.error(escape.markdown(err))
-        return
-    try:
-        _run_import(root_dir, fmt, path, run, skip_bad, replace)
-    finally:
-        if upload is not None:
-            path.unlink(missing_ok=True)
+        _run_import(root_dir, fmt, path, run, skip_bad, replace, shown_as)
 
 
 st.title("runwatch · import an archived log")
 try:
-    import_page(str(state.root()))
+    root = state.root()
+    st.caption(f"Imports into the dashboard's root: {escape.markdown(root)}"
+               + ("" if root.is_dir() else " (created by the first import)"))
+    import_page(str(root))
 except ValueError as err:
     st.error(escape.markdown(err))

@@ -1,8 +1,10 @@
-"""Run page: one run in depth — health, the rollback card, stacked charts, findings.
+"""Run page: one run in depth — its state and health, the rollback card, the charts, the findings.
 
-Charts come from DuckDB-downsampled buckets (first/min/max/last), so spikes
-stay visible; the zoom inputs (or a box selection on the chart) re-query just
-that range, at full resolution once it holds fewer rows than buckets.
+The charts come first on a first visit: they are drawn from the store while
+the run's judgement is looked up, and the detectors (seconds on a run of
+millions of steps) run only after them; the verdict, the rollback card and
+the finding bands then fill in. Each section is a function of its own module
+(``run_charts``, ``run_oncall``) so the page stays a list of sections.
 """
 
 from __future__ import annotations
@@ -12,53 +14,67 @@ import time
 import pandas as pd
 import streamlit as st
 
-from runwatch.app import escape, state, views
+from runwatch.app import escape, lifecycle, run_charts, run_oncall, state, views
 from runwatch.app.checkpoint_panel import checkpoint_panel
+from runwatch.app.oncall import read_oncall
 
 
 def _pick_run(root_dir: str) -> str | None:
-    run = state.selected_run(root_dir)
-    if run is not None:
-        return run
-    names = sorted(state.signatures(root_dir))
-    if not names:
-        st.info(f"No runs under {escape.markdown(root_dir)} yet.")
+    """The run in the URL; an unknown one is an error naming the runs there (the URL is left as it is)."""
+    name = st.query_params.get("run")
+    if name:
+        problem = state.check_run(root_dir, name)
+        if problem is None:
+            return name
+        st.error(escape.markdown(problem))
+        _run_links(root_dir)
         return None
-    choice = st.selectbox("run", names, key="run_select")
-    st.query_params["run"] = choice
+    names = sorted(state.signatures(root_dir)) if state.root_exists(root_dir) else []
+    if not names:
+        st.info(state.how_to_fill(root_dir))
+        return None
+    choice = st.selectbox("run", names, index=None, placeholder="pick a run", key="run_select")
+    if choice is not None:
+        st.query_params["run"] = choice
     return choice
 
 
-def _apply_box_selection() -> None:
-    """A box drawn on the chart (box-select tool) becomes the zoom range before the inputs render."""
-    chart = st.session_state.get("run_chart")
-    boxes = (chart or {}).get("selection", {}).get("box", []) if isinstance(chart, dict) else []
-    if not boxes or "x" not in boxes[0]:
-        return
-    x0, x1 = sorted(float(v) for v in boxes[0]["x"][:2])
-    if st.session_state.get("_applied_box") != (x0, x1):
-        st.session_state["_applied_box"] = (x0, x1)
-        st.session_state["zoom_lo"], st.session_state["zoom_hi"] = x0, x1
-
-
-def _header(run: str, report: object | None, error: str | None, info: dict) -> None:
-    health = report.health if report is not None else "error"
-    st.markdown(f"## {views.health_label(health)} &nbsp; {escape.markdown(run)}")
+def _run_links(root_dir: str) -> None:
+    names = sorted(state.signatures(root_dir)) if state.root_exists(root_dir) else []
     cols = st.columns(4)
-    cols[0].metric("last step", f"{info.get('last_step', 0):,}")
-    last = info.get("last_update")
-    cols[1].metric("last update", views.ago(None if last is None else time.time() - last))
-    cols[2].metric("tokens", views.human_count(info.get("tokens")))
-    cols[3].metric("open findings", len(views.open_findings(report)) if report is not None else "-")
-    if error:
-        st.error(f"Could not analyse this run: {escape.markdown(error)}")
+    for i, name in enumerate(names[:12]):
+        cols[i % 4].page_link("screens/run.py", label=escape.markdown(name), query_params={"run": name})
 
 
-def _rollback_card(run: str, report: object, meta: dict) -> None:
+def _header(slot: object, run: str, info: dict, report: object | None, error: str | None, judging: bool) -> None:
+    """The 3 a.m. line: health (or that it is being judged), state, run; then the numbers."""
+    health = report.health if report is not None else ("error" if error else None)
+    run_state = lifecycle.run_state(info.get("base_state", "live"), health)
+    with slot.container():
+        verdict = (views.health_label(lifecycle.display_health(health, run_state)) if health is not None
+                   else ":gray[⏳ judging…]")
+        st.markdown(f"## {verdict} &nbsp; {lifecycle.state_label(run_state)} &nbsp; {escape.markdown(run)}")
+        cols = st.columns(4)
+        last_step = info.get("last_step")
+        cols[0].metric("last step (main line)", "-" if last_step is None else f"{last_step:,}")
+        last = info.get("last_update")
+        cols[1].metric("last update", views.ago(None if last is None else time.time() - last),
+                       help="the run's own clock: its newest logged time" + (" (an archived log's last time)"
+                                                                           if run_state == "archived" else ""))
+        cols[2].metric("tokens", views.human_count(info.get("tokens")))
+        cols[3].metric("open findings", len(views.open_findings(report)) if report is not None else "-")
+        if judging and report is not None:
+            st.caption("Judging the latest data…")
+        if error:
+            st.error(f"Could not analyse this run: {escape.markdown(error)}")
+
+
+def _rollback_card(slot: object, run: str, report: object, meta: dict) -> None:
     rollback = getattr(report, "rollback", None)
     if rollback is None:
+        slot.empty()
         return
-    with st.container(border=True, key="rollback_card"):
+    with slot.container(border=True, key="rollback_card"):
         st.markdown("#### :material/history: Rollback advice")
         left, right = st.columns([1, 1])
         with left:
@@ -73,46 +89,9 @@ def _rollback_card(run: str, report: object, meta: dict) -> None:
                 st.dataframe(pd.DataFrame(evidence), hide_index=True)
 
 
-def _controls(has_tokens: bool) -> tuple[str, float | None, float | None]:
-    left, mid, right, reset = st.columns([2, 2, 2, 1], vertical_alignment="bottom")
-    x = left.radio("x axis", ["step", "tokens"] if has_tokens else ["step"], horizontal=True, key="x_axis")
-    if st.session_state.get("_zoom_axis") != x:  # units changed: the old range means nothing now
-        st.session_state["_zoom_axis"] = x
-        st.session_state["zoom_lo"] = st.session_state["zoom_hi"] = None
-    lo = mid.number_input(f"zoom from ({x})", value=None, key="zoom_lo", placeholder="start")
-    hi = right.number_input(f"zoom to ({x})", value=None, key="zoom_hi", placeholder="end")
-    if reset.button("full range", key="zoom_reset"):
-        st.session_state["_applied_box"] = None
-        st.session_state.pop("zoom_lo", None), st.session_state.pop("zoom_hi", None)
-        st.rerun(scope="fragment")
-    if lo is not None and hi is not None and hi <= lo:
-        st.warning("zoom: 'to' must be after 'from'; showing the full range")
-        return x, None, None
-    return x, lo, hi
-
-
-def _charts(root_dir: str, run: str, report: object | None, sig: tuple[float, int]) -> None:
-    has_tokens = "tokens" in state.load_columns(root_dir, run, sig)
-    _apply_box_selection()
-    x, lo, hi = _controls(has_tokens)
-    fig = state.run_chart(root_dir, run, sig, x, lo, hi, state.report_stamp(root_dir, run), report)
-    st.plotly_chart(fig, key="run_chart", on_select="rerun", selection_mode="box",
-                    config={"displaylogo": False, "modeBarButtonsToRemove": ["lasso2d"]})
-
-
-def _findings(findings: list) -> None:
-    """Open alarms in view; closed ones (recovered, rolled back, old) one click away."""
-    rows = views.findings_rows(findings)
-    current = [r for r in rows if r["status"] == "OPEN"]
-    history = [r for r in rows if r["status"] != "OPEN"]
-    st.markdown(f"#### Open findings ({len(current)})")
-    if current:
-        st.dataframe(pd.DataFrame(current).style.map(views.cell_style, subset=["severity"]), hide_index=True,
-                     key="findings_table")
-    if history:
-        with st.expander(f"history: {len(history)} closed finding(s)"):
-            st.dataframe(pd.DataFrame(history).style.map(views.cell_style, subset=["severity"]), hide_index=True,
-                         key="history_table")
+def _segments(segments: list[dict]) -> None:
+    with st.expander(f"segments ({len(segments)})"):
+        st.dataframe(pd.DataFrame(views.segment_rows(segments)), hide_index=True, key="segments_table")
 
 
 @st.fragment(run_every=state.LIVE_SECONDS)
@@ -121,18 +100,36 @@ def run_page(root_dir: str) -> None:
     if run is None:
         return
     sig = state.signature(root_dir, run)
-    report, error, _ = state.report_for(root_dir, run, sig=sig, detail=True)
+    report, fresh = state.peek_report(root_dir, run, sig, detail=True)
+    oncall = read_oncall(state.load_events(root_dir, run, sig))
+    header, silenced, card = st.empty(), st.container(), st.empty()
+    request = run_charts.controls(root_dir, run, sig, state.load_columns(root_dir, run, sig))
+    chart = st.empty()
+    run_charts.draw(chart, root_dir, run, sig, request, report, oncall, interactive=fresh)
     info, unreadable = state.run_summary(root_dir, run, sig)
-    _header(run, report, error or unreadable, info)
+    _header(header, run, info, report, unreadable, judging=not fresh)
+    error = unreadable
+    if not fresh:  # the charts are on screen: now the detectors, then the verdict and the bands
+        report, error, _ = state.report_for(root_dir, run, sig=sig, detail=True)
+        run_charts.draw(chart, root_dir, run, sig, request, report, oncall)
+        _header(header, run, info, report, error or unreadable, judging=False)
+    with silenced:
+        run_oncall.silence_banner(oncall, time.time())
     if report is not None:
-        _rollback_card(run, report, state.get_store(root_dir).meta(run))
-    _charts(root_dir, run, report, sig)
-    if report is not None and report.findings:
-        _findings(report.findings)
+        _rollback_card(card, run, report, state.get_store(root_dir).meta(run))
+    st.code(run_charts.page_link(run, request.steps, request.x), language=None)
+    st.caption("Link to this view (copy button at the right): the run at this step range.")
+    segments = state.load_segments(root_dir, run, sig)
+    latest = max(s["segment"] for s in segments)
+    findings = list(getattr(report, "findings", []) or [])
+    if findings:
+        run_oncall.findings_section(root_dir, run, findings, oncall, latest)
     if report is not None:
         checkpoint_panel(root_dir, run, report, sig)
-    with st.expander("segments"):
-        st.dataframe(pd.DataFrame(state.load_segments(root_dir, run, sig)), hide_index=True)
+    _segments(segments)
+    asked = any(getattr(f, "open", False) for f in findings)
+    run_oncall.silence_section(root_dir, run, oncall, step=info.get("last_step") or 0, segment=latest,
+                               ask_name=not asked)
 
 
 try:

@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from markdown_it import MarkdownIt
 
-from runwatch.app import escape, figures, views
+from runwatch.app import charts, escape, views
 from runwatch.data.store import Store
 from tests.app.conftest import HOSTILE_PATH, hostile_lines, write_jsonl_run
 
@@ -92,19 +92,34 @@ def test_bare_urls_and_addresses_are_not_linked(text: str) -> None:
     assert source.replace("\\", "").replace(escape.WORD_JOINER, "") == text
 
 
-def test_figure_texts_are_escaped() -> None:
-    marks = [{"x": 250.0, "text": f"checkpoint @ step 250: {HOSTILE_PATH}", "step": 250}]
+def _texts(value: object, path: str = "") -> list[tuple[str, str]]:
+    """Every string in an ECharts option, with where it sits."""
+    if isinstance(value, dict):
+        return [t for k, v in value.items() for t in _texts(v, f"{path}.{k}")]
+    if isinstance(value, list):
+        return [t for v in value for t in _texts(v, path)]
+    return [(path, value)] if isinstance(value, str) else []
+
+
+def test_chart_texts_are_one_literal_line_and_never_a_template() -> None:
+    hostile = f"{HOSTILE_PATH}\n{{a|forged}} {{b}}\u202e"
+    marks = [{"x": 250.0, "text": f"checkpoint @ step 250: {hostile}", "kind": "checkpoint"}]
     import pyarrow as pa
 
     ds = pa.table({"x_first": [0.0], "first": [1.0], "x_min": [0.0], "min": [1.0], "x_max": [1.0], "max": [1.0],
-                   "x_last": [1.0], "last": [1.0], "segment": [0], "main": [True], "num_nonfinite": [0]})
-    fig = figures.run_figure({"loss": ds}, checkpoints=marks, resumes=marks,
-                             bands=[{"x0": 0, "x1": 1, "severity": "warning", "label": "<a href='http://evil.example'>x</a>"}])
-    texts = [t for trace in fig.data for t in (trace.hovertext or ())] + [a.text for a in fig.layout.annotations]
-    assert texts and not any("<" in t for t in texts)
-    assert any("[click](http://evil.example/link)" in html.unescape(t) for t in texts)
-    compare = figures.compare_figure({"<b>r</b>": {"loss": ds}}, ["loss", "<i>extra</i>"])
-    assert all("<" not in (t.name or "") for t in compare.data)
+                   "x_last": [1.0], "last": [1.0], "segment": pa.array([0], pa.int32()), "main": [True],
+                   "num_nonfinite": [0]})
+    option = charts.run_chart({"loss": ds, hostile: ds}, charts.panels_for(["loss", hostile], [hostile]), marks=marks,
+                              bands=[{"x0": 0, "x1": 1, "severity": "warning", "label": hostile}],
+                              advised={"x": 0, "text": hostile}).option
+    texts = _texts(option)
+    shown = [t for _, t in texts if "evil.example" in t]
+    assert len(shown) >= 4  # the mark, the band, the advised line, the extra panel's title
+    assert all("\n" not in t and "\x1b" not in t and "\u202e" not in t for t in shown)
+    # A formatter is a template ECharts expands: only our own fixed ones, never a value from outside.
+    assert all(t in ("{b}",) for p, t in texts if p.endswith("formatter"))
+    compare = charts.compare_chart({"<b>r</b>\nx": {"loss": ds}}, ["loss"], colors={"<b>r</b>\nx": "#000"}).option
+    assert [s["name"] for s in compare["series"]] == ["<b>r</b> x"]  # literal text on a canvas, one line
 
 
 @pytest.fixture

@@ -49,27 +49,41 @@ def test_overview_lists_runs_with_health(monkeypatch: pytest.MonkeyPatch, demo_r
     assert "action needed" in markdown(at) or "stalled" in markdown(at)
 
 
+def chart_option(at: AppTest) -> dict:
+    """The option of the page's (last drawn) ECharts chart, as the browser receives it."""
+    return json.loads(at.get("echarts_chart")[-1].proto.spec)
+
+
 def test_run_page_with_rollback_card(monkeypatch: pytest.MonkeyPatch, demo_root: Path) -> None:
     at = open_page(monkeypatch, demo_root, "run", run="demo-diverged")
     no_errors(at)
     text = markdown(at)
     assert "demo-diverged" in text and "Rollback advice" in text and "Roll back to checkpoint @ step" in text
     assert any("--resume " in c.value for c in at.code)
-    assert at.radio(key="x_axis").options == ["step", "tokens"]
-    findings = [d.value for d in at.dataframe if "kind" in d.value.columns]
-    assert findings and "OPEN" in findings[0]["status"].tolist()  # open alarms come first, in view
-    at.radio(key="x_axis").set_value("tokens").run()
+    assert at.radio(key="x").options == ["step", "tokens", "wall-clock"]
+    assert "#### Open findings" in text and "needs action" in text  # open alarms first, in view, in full
+    titles = [t["text"] for t in chart_option(at)["title"]]
+    assert "learning rate" in titles and "loss scale (log)" in titles  # the LR jump that caused it is on screen
+    advised = [m for s in chart_option(at)["series"] for m in s.get("markLine", {}).get("data", [])
+               if m.get("name", "").startswith("roll back here")]
+    assert advised  # the advised checkpoint is marked on the chart
+    for x in ("tokens", "time"):
+        at.radio(key="x").set_value(x).run()
+        no_errors(at)
+        assert chart_option(at)["xAxis"][0]["type"] == ("time" if x == "time" else "value")
+    at.number_input(key="from").set_value(100).run()
+    at.number_input(key="to").set_value(200).run()
     no_errors(at)
-    at.number_input(key="zoom_lo").set_value(100).run()
-    at.number_input(key="zoom_hi").set_value(200).run()
-    no_errors(at)
+    assert any("from=100" in c.value and "to=200" in c.value and "run=demo-diverged" in c.value for c in at.code)
 
 
 def test_run_page_shows_segments_of_a_rollback(monkeypatch: pytest.MonkeyPatch, demo_root: Path) -> None:
     at = open_page(monkeypatch, demo_root, "run", run="demo-rollback")
     no_errors(at)
-    segments = at.dataframe[-1].value
-    assert segments["segment"].tolist() == [0, 1] and segments["abandoned_from"].iloc[0] == 121
+    [segments] = [d.value for d in at.dataframe if "abandoned from" in d.value.columns]
+    assert segments["segment"].tolist() == [0, 1] and segments["abandoned from"].iloc[0].startswith("step 121 ")
+    assert all(str(t).endswith(" UTC") for t in segments["started"])  # readable times, not unix seconds
+    assert "finished" in markdown(at)  # the rolled-back run recorded its own end
 
 
 @pytest.mark.parametrize("name", ["../etc", "run=x/../../y", "a b", ".hidden"])
@@ -79,17 +93,43 @@ def test_run_page_refuses_names_that_leave_the_root(monkeypatch: pytest.MonkeyPa
     assert any("invalid run name" in shown(e.value) for e in at.error)
 
 
-def test_run_page_unknown_run(monkeypatch: pytest.MonkeyPatch, demo_root: Path) -> None:
+def test_unknown_run_is_an_error_naming_the_runs_and_the_url_stays(monkeypatch: pytest.MonkeyPatch,
+                                                                   demo_root: Path) -> None:
     at = open_page(monkeypatch, demo_root, "run", run="no-such-run")
-    assert not at.exception and any("no run named" in shown(w.value) for w in at.warning)
+    assert not at.exception
+    [error] = [shown(e.value) for e in at.error]
+    assert "no run named 'no-such-run'" in error and "demo-diverged" in error and "demo-rollback" in error
+    assert at.query_params["run"] in ("no-such-run", ["no-such-run"])  # never silently switched to another run
+    assert not at.get("echarts_chart")
+
+
+def test_last_step_is_the_main_lines(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A rollback still catching up: the abandoned branch reached 500, the main line is at 399."""
+    root = tmp_path / "root"
+    root.mkdir()
+    lines = spike_lines(501, spike_at=-1)
+    lines.append({"event": "resume", "step": 300, "checkpoint": "ckpt/300.pt"})
+    lines += [dict(line, time=line["time"] + 100) for line in spike_lines(400, spike_at=-1)[301:]]
+    write_jsonl_run(root, "catching-up", lines)
+    at = open_page(monkeypatch, root, "run", run="catching-up")
+    no_errors(at)
+    metric = next(m for m in at.metric if m.label == "last step (main line)")
+    assert metric.value == "399"
+    overview = open_page(monkeypatch, root, "overview")
+    assert overview.dataframe(key="overview_table").value["last step"].tolist() == [399]
 
 
 def test_compare_page(monkeypatch: pytest.MonkeyPatch, demo_root: Path) -> None:
     at = open_page(monkeypatch, demo_root, "compare")
     no_errors(at)
-    assert {"demo-diverged", "demo-rollback"} <= set(at.multiselect(key="compare_runs").value)
-    at.multiselect(key="compare_runs").set_value(["demo-rollback"]).run()
+    assert {"demo-diverged", "demo-rollback"} <= set(at.multiselect(key="runs").value)
+    colors = {s["name"]: s["lineStyle"]["color"] for s in chart_option(at)["series"] if s["type"] == "line" and s["data"]}
+    bands = [a[0]["name"] for s in chart_option(at)["series"] for a in s.get("markArea", {}).get("data", [])]
+    assert any(b.startswith("demo-diverged: divergence") for b in bands)  # each run's findings, in its colour
+    at.multiselect(key="runs").set_value(["demo-rollback"]).run()
     no_errors(at)
+    alone = {s["name"]: s["lineStyle"]["color"] for s in chart_option(at)["series"] if s["type"] == "line" and s["data"]}
+    assert alone == {"demo-rollback": colors["demo-rollback"]}  # the same colour whatever else is selected
 
 
 def _import(at: AppTest, path: str, run: str) -> AppTest:
@@ -136,9 +176,15 @@ def test_live_update_reaches_the_overview(monkeypatch: pytest.MonkeyPatch, tmp_p
     assert sorted(at.dataframe(key="overview_table").value["run"]) == ["first", "second"]
 
 
-def test_no_root_is_an_error_not_a_crash(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    at = open_page(monkeypatch, tmp_path / "missing", "overview")
-    assert not at.exception and any("no such directory" in shown(e.value) for e in at.error)
+@pytest.mark.parametrize("page", ["overview", "run", "compare"])
+def test_a_missing_or_empty_root_says_how_to_fill_it(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                     page: str) -> None:
+    for root in (tmp_path / "missing", tmp_path):
+        at = open_page(monkeypatch, root, page)
+        no_errors(at)
+        [info] = [shown(i.value) for i in at.info]
+        assert f"No runs under {root}" in info and "runwatch demo" in info and "Import" in info
+        assert ("does not exist yet" in info) == (not root.exists())
 
 
 def test_silent_run_turns_stalled_unless_it_said_it_finished(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

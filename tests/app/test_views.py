@@ -94,9 +94,10 @@ def test_findings_table_and_bands() -> None:
     assert [r["status"] for r in rows] == ["OPEN", "OPEN", "recovered"]
     bands = views.finding_bands(findings + [_finding("stall", 30, open_=False)], last_step=99,
                                 x_of_step=lambda s: 10.0 * s)
-    assert len(bands) == 3  # the closed stall is left to the table
+    assert len(bands) == 4  # every finding is shaded, the closed stall too
     assert bands[1]["x0"] == 500 and bands[1]["x1"] == 600
     assert bands[2]["panels"] == ("step_time",) and bands[0]["panels"] is None
+    assert [b["open"] for b in bands] == [False, True, True, False]
 
 
 def test_event_marks_and_finished(tmp_path: Path) -> None:

@@ -1,0 +1,67 @@
+"""Where a run is in its life (live, finished, stalled, archived) and what "last update" and "last step" mean.
+
+Pure functions of a run's metadata, events, segments and judgement, shared by
+the overview, the run page and ``runwatch runs``:
+
+- **state**: ``archived`` for an import (a log of a run that ended elsewhere),
+  ``finished`` for a run that recorded its own end, ``stalled`` for a live run
+  the detectors call stalled, else ``live``. Only a live run can stall
+  (``judge.is_live``: the same rule the judgement uses).
+- **last update**: the run's own clock, the newest ``time`` in its rows (an
+  import's is the log's last time, not when it was imported; ``compact``,
+  which rewrites files, leaves it alone). A live run whose rows carry no time
+  falls back to its files' newest change; an archive without a clock has none.
+- **last step**: the main line's, never an abandoned branch's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import pyarrow as pa
+
+from runwatch.app.judge import is_live
+
+STATES: tuple[str, ...] = ("live", "stalled", "finished", "archived")
+STATE_COLORS = {"live": "blue", "stalled": "violet", "finished": "green", "archived": "gray"}
+STATE_ICONS = {"live": "●", "stalled": "⏸", "finished": "✓", "archived": "▣"}
+"""Shapes as well as colours: the state reads without colour vision."""
+
+
+def base_state(meta: Mapping, events: pa.Table) -> str:
+    """The state that needs no judgement: archived, finished or live."""
+    if str(meta.get("source") or "").startswith("import"):
+        return "archived"
+    return "live" if is_live(dict(meta), events) else "finished"
+
+
+def run_state(base: str, health: str | None) -> str:
+    """A live run the detectors call stalled is stalled; an ended run stays what it is."""
+    return "stalled" if base == "live" and health == "stalled" else base
+
+
+def display_health(health: str, state: str) -> str:
+    """The health a reader sees: an ended run (archived, finished) is never "watching" forever.
+
+    "watching" means an episode may still recover; once the run has ended it
+    cannot, so the finding that was open at the end reads "unresolved".
+    """
+    return "unresolved" if health == "watching" and state in ("archived", "finished") else health
+
+
+def last_update(last_time: float | None, file_mtime: float | None, state: str) -> float | None:
+    """The run's own clock (its newest row ``time``); see the module docstring for the fallbacks."""
+    if last_time is not None:
+        return float(last_time)
+    return None if state == "archived" else file_mtime
+
+
+def main_last_step(segments: Iterable[Mapping]) -> int | None:
+    """The main line's last step: the last step of the segments no later resume cut (``abandoned_from`` null)."""
+    kept = [int(s["last_step"]) for s in segments if s.get("abandoned_from") is None and s.get("last_step") is not None]
+    return max(kept, default=None)
+
+
+def state_label(state: str) -> str:
+    """Markdown: a coloured shape and the state word, e.g. ``:gray[▣ archived]``."""
+    return f":{STATE_COLORS.get(state, 'gray')}[{STATE_ICONS.get(state, '●')} {state}]"

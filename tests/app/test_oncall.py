@@ -1,0 +1,121 @@
+"""Acknowledge and silence: events in the run's record, seen by `check`, the dashboard and the alert rule."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from runwatch.app import oncall
+from runwatch.app.check import check_with_oncall, format_report
+from runwatch.data.store import Store
+from tests.app.conftest import hostile_lines, shown, write_jsonl_run
+from tests.app.test_pages import no_errors, open_page
+
+RUNWATCH = [sys.executable, "-m", "runwatch.app.cli"]
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    """A run whose loss turns NaN and stays so: an open finding that needs action."""
+    root = tmp_path / "root"
+    root.mkdir()
+    write_jsonl_run(root, "nan", hostile_lines(path="ck/step.pt"))
+    return root
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*RUNWATCH, *args], capture_output=True, text=True, timeout=180)
+
+
+def test_ack_and_silence_are_events_check_shows(root: Path) -> None:
+    report, before = check_with_oncall(root, "nan")
+    [finding] = [f for f in report.findings if f.open]
+    assert before.ack_for(finding) is None and oncall.alertable(report.findings, before, time.time()) == [finding]
+    out = _cli("ack", "--root", str(root), "--run", "nan", "--kind", finding.kind, "--by", "alice",
+               "--note", "rolling back to 250")
+    assert out.returncode == 0, out.stderr
+    check = _cli("check", "--root", str(root), "--run", "nan")
+    assert check.returncode == 1  # someone is on it; the run still needs the action
+    assert "acknowledged by alice" in check.stdout and "rolling back to 250" in check.stdout
+    report, after = check_with_oncall(root, "nan")
+    assert after.ack_for(finding).by == "alice" and oncall.alertable(report.findings, after, time.time()) == []
+
+    assert _cli("silence", "--root", str(root), "--run", "nan", "--for", "2h", "--by", "bob",
+                "--note", "maintenance").returncode == 0
+    as_json = json.loads(_cli("check", "--root", str(root), "--run", "nan", "--json").stdout)
+    assert as_json["silence"]["by"] == "bob" and as_json["silence"]["until"] > time.time() + 7000
+    [acked] = [f for f in as_json["findings"] if f["ack"]]
+    assert acked["ack"]["by"] == "alice" and acked["kind"] == finding.kind
+    _, silenced = check_with_oncall(root, "nan")
+    assert silenced.silenced(time.time()) is not None and silenced.silenced(time.time() + 3 * 3600) is None
+
+
+def test_the_latest_ack_and_silence_win_and_a_silence_can_end_early(root: Path) -> None:
+    report, _ = check_with_oncall(root, "nan")
+    [finding] = [f for f in report.findings if f.open]
+    with Store(root) as store:
+        segment = max(store.segments("nan")["segment"].to_pylist())
+    t0 = time.time()
+    oncall.write_ack(root, "nan", finding, by="alice", note="first", segment=segment, now=t0)
+    oncall.write_ack(root, "nan", finding, by="carol", note="taking over", segment=segment, now=t0 + 60)
+    oncall.write_silence(root, "nan", until=t0 + 3600, by="bob", step=299, segment=segment, now=t0 + 1)
+    oncall.write_silence(root, "nan", until=t0 + 2, by="bob", note="back on", step=299, segment=segment, now=t0 + 2)
+    _, state = check_with_oncall(root, "nan")
+    assert state.ack_for(finding).by == "carol"
+    assert state.silenced(t0 + 3) is None  # ended early by the later silence
+    text = format_report("nan", report, state, now=t0 + 3)
+    assert "acknowledged by carol" in text and "silenced" not in text
+
+
+@pytest.mark.parametrize("line, error", [
+    ({"event": "ack", "step": 5, "by": "a"}, "an ack needs 'finding'"),
+    ({"event": "ack", "step": 5, "finding": {"kind": "spike", "segment": -1, "onset_step": 5}, "by": "a"}, "finding"),
+    ({"event": "ack", "step": 5, "finding": {"kind": "spike", "segment": 0, "onset_step": 5}}, "needs 'by'"),
+    ({"event": "silence", "step": 5, "by": "a", "until": "tomorrow"}, "'until'"),
+    ({"event": "silence", "step": 5, "by": "a", "until": 1e9, "note": 3}, "'note' must be a string"),
+])
+def test_jsonl_contract_checks_the_oncall_events(tmp_path: Path, line: dict, error: str) -> None:
+    log = tmp_path / "in.jsonl"
+    log.write_text(json.dumps({"step": 0, "loss": 1.0}) + "\n" + json.dumps(line) + "\n")
+    out = _cli("import", "jsonl", str(log), "--root", str(tmp_path / "root"), "--run", "r")
+    assert out.returncode == 2 and "in.jsonl:2" in out.stderr and error in out.stderr
+
+
+def test_jsonl_import_carries_acks_and_silences(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    lines = hostile_lines(path="ck/step.pt")
+    lines.append({"event": "ack", "step": 260, "time": 1.7e9 + 30, "by": "dave", "note": "known bad shard",
+                  "finding": {"kind": "nan", "segment": 0, "onset_step": 260}})
+    lines.append({"event": "silence", "step": 299, "time": 1.7e9 + 31, "until": 4e9, "by": "dave"})
+    write_jsonl_run(root, "imported", lines)
+    with Store(root) as store:
+        state = oncall.read_oncall(store.events("imported"))
+    assert state.acks[("nan", 0, 260)].note == "known bad shard" and state.silenced(time.time()).by == "dave"
+
+
+def test_acknowledge_and_silence_from_the_run_page(monkeypatch: pytest.MonkeyPatch, root: Path) -> None:
+    at = open_page(monkeypatch, root, "run", run="nan")
+    no_errors(at)
+    at.button(key="ack_0").click().run()
+    assert any("Type your name" in shown(e.value) for e in at.error)  # an ack says who
+    at.text_input(key="oncall_name").set_value("erin").run()
+    at.text_input(key="ack_note_0").set_value("on it").run()
+    at.button(key="ack_0").click().run()
+    no_errors(at)
+    assert "acknowledged by erin" in shown("\n".join(m.value for m in at.markdown))
+    marks = [m for s in json.loads(at.get("echarts_chart")[-1].proto.spec)["series"] if s["name"] == "ack"
+             for m in s["data"]]
+    assert marks and "acknowledged by erin" in marks[0]["name"] and "on it" in marks[0]["name"]
+    at.selectbox(key="silence_for").set_value("1 hour").run()
+    at.button(key="silence_button").click().run()
+    no_errors(at)
+    assert any("silenced until" in shown(i.value) and "erin" in shown(i.value) for i in at.info)
+    overview = open_page(monkeypatch, root, "overview")
+    row = overview.dataframe(key="overview_table").value.iloc[0]
+    assert row["alerts"].startswith("silenced until") and "1 acknowledged" in row["what"]
