@@ -1,0 +1,211 @@
+"""Run-page speed in the browser: real Chromium from navigation to charts drawn, on a 1M-step run.
+
+The server-side figure (``bench/dashboard_speed.py``) leaves out what the on-call
+engineer waits for: Streamlit's page load, the WebSocket round trips, the
+figure's JSON crossing to the browser and Plotly drawing it. This bench
+writes the 1M-step run of ``dashboard_speed.py`` (two segments with an
+abandoned branch, a one-step spike, a NaN), serves it with ``runwatch
+dashboard`` from each interpreter given (a checkout of main and this one,
+taking turns round by round on the same root), and times, in headless
+Debian Chromium:
+
+- **cold**: a fresh server (no cached query, figure or judgement) and a fresh
+  browser context (empty HTTP cache), navigating straight to the run page;
+- **warm**: the same server and browser context, a second navigation to the
+  same page (what every later visit, or a reload, costs).
+
+"Charts drawn" is the first moment (checked every 25 ms) at which the main
+line is on screen in at least four panels: Plotly's line paths (main's
+charts) or the main line's colour in four separate bands of the ECharts
+canvas (this branch's); a script injected before the page loads watches for
+it, so the time is the page's own ``performance.now()`` (zero at navigation
+start), not the test driver's polling. "Judgement shown" is when
+the run's health word ("● action needed", ...) is in the page's heading (the detectors' verdict).
+
+    .venv/bin/python bench/browser_speed.py --python /work/main/.venv/bin/python --python .venv/bin/python
+    .venv/bin/python bench/browser_speed.py --steps 1000000 --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from dashboard_speed import synthetic_run  # noqa: E402
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu"]
+MIN_PANELS = 4
+"""Panels whose main line must be drawn before the page counts as ready (loss, grad norm, LR, act norm, ...)."""
+
+# Runs in the page before any of its scripts: records the first moment at which the main line is drawn in
+# MIN_PANELS separate panels (Plotly: a line path with points in each subplot; ECharts, a canvas: rows of pixels
+# in the main line's colour, in separate bands), and when a health verdict is in the page's heading.
+WATCH_SCRIPT = """
+(() => {
+  const need = %d, main = [0x1f, 0x4e, 0x79];
+  function plotlyPanels() {
+    const axes = new Set();
+    document.querySelectorAll('.js-plotly-plot .scatterlayer .trace').forEach(t => {
+      const p = t.querySelector('path.js-line');
+      const sub = t.closest('.subplot');
+      if (p && sub && (p.getAttribute('d') || '').length > 200) axes.add(sub.className.baseVal);
+    });
+    return axes.size;
+  }
+  function canvasPanels() {
+    let best = 0;
+    for (const c of document.querySelectorAll('canvas')) {
+      if (c.width < 400 || c.height < 300) continue;
+      let data;
+      try { data = c.getContext('2d').getImageData(0, 0, c.width, c.height).data; } catch (e) { continue; }
+      let bands = 0, gap = 99, rowsInBand = 0;
+      for (let y = 0; y < c.height; y++) {
+        let hit = 0;
+        for (let x = 0; x < c.width && hit < 3; x += 2) {
+          const i = 4 * (y * c.width + x);
+          if (Math.abs(data[i] - main[0]) < 14 && Math.abs(data[i + 1] - main[1]) < 14
+              && Math.abs(data[i + 2] - main[2]) < 14 && data[i + 3] > 200) hit++;
+        }
+        if (hit >= 3) { if (gap > 20) { bands++; } gap = 0; } else { gap++; }
+      }
+      best = Math.max(best, bands);
+    }
+    return best;
+  }
+  const charts = setInterval(() => {
+    if (plotlyPanels() >= need || canvasPanels() >= need) {
+      window.__chartsAt = performance.now();
+      clearInterval(charts);
+    }
+  }, 25);
+  const verdict = setInterval(() => {
+    const heads = [...document.querySelectorAll('h2')].map(h => h.innerText).join(' ');
+    if (/\\u25cf (healthy|watching|unresolved|action needed|stalled)/.test(heads)) {
+      window.__judgedAt = performance.now();
+      clearInterval(verdict);
+    }
+  }, 20);
+})();
+""" % MIN_PANELS
+
+
+def start_server(python: str, root: Path) -> tuple[subprocess.Popen, str]:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([python, "-m", "runwatch.app.cli", "dashboard", "--root", str(root), "--port", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        try:
+            urllib.request.urlopen(f"{url}/_stcore/health", timeout=1)
+            return proc, url
+        except OSError:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{python}: the dashboard exited with {proc.returncode}")
+            time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError(f"{python}: the dashboard did not come up in 120 s")
+
+
+def visit(context, url: str, timeout_s: float = 120.0) -> dict[str, float | None]:
+    """Navigate a new tab to ``url``; seconds from navigation start to charts drawn and to the verdict."""
+    page = context.new_page()
+    try:
+        page.goto(url, wait_until="commit")
+        page.wait_for_function("window.__chartsAt !== undefined", timeout=timeout_s * 1000, polling=100)
+        charts = page.evaluate("window.__chartsAt") / 1000
+        try:
+            page.wait_for_function("window.__judgedAt !== undefined", timeout=timeout_s * 1000, polling=100)
+            judged = page.evaluate("window.__judgedAt") / 1000
+        except Exception:  # noqa: BLE001 - a page that never shows a verdict is reported, not fatal
+            judged = None
+        return {"charts_s": charts, "judged_s": judged}
+    finally:
+        page.close()
+
+
+def measure(python: str, root: Path, run: str, browser) -> dict[str, dict[str, float | None]]:
+    """One cold and one warm visit on a fresh server."""
+    proc, url = start_server(python, root)
+    try:
+        context = browser.new_context(viewport={"width": 1400, "height": 1800})
+        context.add_init_script(WATCH_SCRIPT)
+        try:
+            cold = visit(context, f"{url}/run?run={run}")
+            warm = visit(context, f"{url}/run?run={run}")
+        finally:
+            context.close()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    return {"cold": cold, "warm": warm}
+
+
+def code_of(python: str) -> str:
+    out = subprocess.run([python, "-c", "import runwatch.app as a; print(list(a.__path__)[0])"],
+                         capture_output=True, text=True, check=True)
+    app = Path(out.stdout.strip())
+    head = subprocess.run(["git", "-C", str(app), "log", "-1", "--format=%h"], capture_output=True, text=True)
+    return f"{app.parent.name} @ {head.stdout.strip() or '?'}"
+
+
+def _fmt(values: list[float | None]) -> str:
+    done = [v for v in values if v is not None]
+    if not done:
+        return "never"
+    return f"**{statistics.median(done):.2f} s** ({', '.join('-' if v is None else f'{v:.2f}' for v in values)})"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--python", action="append", help="interpreter whose runwatch serves (repeatable; default: this one)")
+    parser.add_argument("--steps", type=int, default=1_000_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--root", help="work directory holding the run (default: a temporary one, kept only if given)")
+    args = parser.parse_args()
+    pythons = args.python or [sys.executable]
+    base = Path(args.root) if args.root else Path(tempfile.mkdtemp(prefix="runwatch-browser-bench-"))
+    root = base / "root"
+    if not (root / "run=big").is_dir():
+        t0 = time.perf_counter()
+        synthetic_run(root, "big", args.steps)
+        print(f"wrote {args.steps:,} steps in {time.perf_counter() - t0:.1f} s")
+    from playwright.sync_api import sync_playwright
+
+    results = {p: {"cold": [], "warm": [], "cold_judged": [], "warm_judged": []} for p in pythons}
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            for r in range(args.rounds):
+                for python in (pythons if r % 2 == 0 else pythons[::-1]):
+                    out = measure(python, root, "big", browser)
+                    for kind in ("cold", "warm"):
+                        results[python][kind].append(out[kind]["charts_s"])
+                        results[python][f"{kind}_judged"].append(out[kind]["judged_s"])
+                    print(f"round {r + 1}: {code_of(python)}: cold charts {out['cold']['charts_s']:.2f} s "
+                          f"(verdict {out['cold']['judged_s']}), warm charts {out['warm']['charts_s']:.2f} s "
+                          f"(verdict {out['warm']['judged_s']})", flush=True)
+        finally:
+            browser.close()
+    print(f"\n| server ({args.steps:,}-step run page, real Chromium) | cold: charts drawn | cold: verdict shown "
+          "| warm: charts drawn | warm: verdict shown |\n|---|---:|---:|---:|---:|")
+    for python in pythons:
+        res = results[python]
+        print(f"| {code_of(python)} | {_fmt(res['cold'])} | {_fmt(res['cold_judged'])} | {_fmt(res['warm'])} "
+              f"| {_fmt(res['warm_judged'])} |")
+
+
+if __name__ == "__main__":
+    main()
