@@ -37,9 +37,9 @@ def _whatif(run: str, advice: CheckpointAdvice) -> None:
     if mtbf_h is None or delta is None:
         st.info("The what-if needs an MTBF and a checkpoint cost: enter the ones the record does not give.")
         return
-    fig = cv.whatif_figure(delta, mtbf_h * 3600.0, current=m.current_seconds, restart=m.restart_seconds or 0.0,
-                           cost_per_hour=cost)
-    st.plotly_chart(fig, key=f"whatif_chart:{run}", config={"displaylogo": False})
+    option, alt = cv.whatif_chart(delta, mtbf_h * 3600.0, current=m.current_seconds,
+                                  restart=m.restart_seconds or 0.0, cost_per_hour=cost)
+    st.echarts_chart(option, height=380, key=f"whatif_chart:{run}", alt=alt)
 
 
 def _at_least(value: float | None) -> float | None:

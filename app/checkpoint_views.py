@@ -13,14 +13,13 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import plotly.graph_objects as go
 
 from runwatch.economics.advice import CheckpointAdvice
 from runwatch.economics.cadence import daly_interval, interval_grid, lost_hours_per_day, young_interval
 from runwatch.economics.retention import ordinal
 
 CURVE_COLOR = "#1f4e79"
-MARKS = {"current": ("#c0392b", "solid"), "Young": ("#7f8c8d", "dot"), "Daly": ("#27ae60", "dash")}
+MARKS = {"current": ("#c0392b", "solid"), "Young": ("#7f8c8d", "dotted"), "Daly": ("#27ae60", "dashed")}
 
 
 def figure_text(value: float | None, unit: str = "", digits: int = 3) -> str:
@@ -67,20 +66,23 @@ def retention_line(advice: CheckpointAdvice) -> str:
     return f"keep the last {r.keep_last}, every {ordinal(r.every_nth)} older, {marks}"
 
 
-def whatif_figure(delta: float, mtbf: float, *, current: float | None = None, restart: float = 0.0,
-                  cost_per_hour: float | None = None) -> go.Figure:
-    """Expected hours lost per day against the checkpoint interval (seconds in, minutes on the axis)."""
+def whatif_chart(delta: float, mtbf: float, *, current: float | None = None, restart: float = 0.0,
+                 cost_per_hour: float | None = None) -> tuple[dict, str]:
+    """Expected hours lost per day against the checkpoint interval (seconds in, minutes on the axis).
+
+    An ECharts option (the run page's one chart library: a second one would
+    be megabytes more for the browser to load before the run's charts draw)
+    and its one-line description, the chart's accessible text: the title,
+    then each marked interval with what it loses.
+    """
     young, daly = young_interval(delta, mtbf), daly_interval(delta, mtbf)
     grid = interval_grid([young, daly, current])
-    hours = np.asarray(lost_hours_per_day(grid, delta, mtbf, restart))
-    fig = go.Figure()
-    hover = "interval %{x:.3g} min<br>lost %{y:.3g} h/day"
-    if cost_per_hour is not None:
-        hover += "<br>$%{customdata:,.2f}/day"
-    fig.add_trace(go.Scatter(x=grid / 60.0, y=hours, mode="lines", name="expected hours lost per day",
-                             line={"color": CURVE_COLOR, "width": 2.5},
-                             customdata=hours * (cost_per_hour or 0.0), hovertemplate=hover + "<extra></extra>"))
+    hours = np.asarray(lost_hours_per_day(grid, delta, mtbf, restart), dtype=float)
     top = float(np.nanmax(hours[np.isfinite(hours)])) if np.isfinite(hours).any() else 24.0
+    curve = [[float(x), float(y) if math.isfinite(y) else None] for x, y in zip(grid / 60.0, hours)]
+    series: list[dict] = [{"type": "line", "name": "expected hours lost per day", "data": curve, "showSymbol": False,
+                           "lineStyle": {"color": CURVE_COLOR, "width": 2.5}, "itemStyle": {"color": CURVE_COLOR},
+                           "animation": False}]
     for name, seconds in (("current", current), ("Young", young), ("Daly", daly)):
         if seconds is None or not math.isfinite(seconds) or seconds <= 0:
             continue
@@ -89,19 +91,23 @@ def whatif_figure(delta: float, mtbf: float, *, current: float | None = None, re
         text = f"{name} {seconds / 60:.3g} min: {at:.3g} h/day"
         if cost_per_hour is not None:
             text += f" (${at * cost_per_hour:,.2f}/day)"
-        fig.add_trace(go.Scatter(x=[seconds / 60.0] * 2, y=[0.0, top], mode="lines", name=text,
-                                 line={"color": color, "dash": dash, "width": 2}, hoverinfo="name"))
-    fig.update_layout(
-        height=360, margin={"l": 60, "r": 70, "t": 40, "b": 50}, template="plotly_white",
-        title={"text": f"what if: MTBF {mtbf / 3600:.3g} h, checkpoint {delta:.3g} s, restart {restart:.3g} s",
-               "font": {"size": 14}},
-        xaxis={"title": "checkpoint interval (min of training)", "type": "log"},
-        yaxis={"title": "hours lost per day", "range": [0.0, top * 1.05]},
-        legend={"orientation": "h", "y": -0.25})
-    if cost_per_hour is not None:
-        # The same curve priced: a second axis whose range is the first one's times the hourly cost.
-        fig.update_layout(yaxis2={"title": "cost per day ($)", "overlaying": "y", "side": "right",
-                                  "range": [0.0, top * 1.05 * cost_per_hour], "showgrid": False})
-        fig.add_trace(go.Scatter(x=[grid[0] / 60.0], y=[0.0], yaxis="y2", showlegend=False, hoverinfo="skip",
-                                 mode="markers", marker={"opacity": 0}))
-    return fig
+        series.append({"type": "line", "name": text, "data": [[seconds / 60.0, 0.0], [seconds / 60.0, top * 1.05]],
+                       "showSymbol": False, "animation": False, "itemStyle": {"color": color},
+                       "lineStyle": {"color": color, "width": 2, "type": dash}})
+    title = f"what if: MTBF {mtbf / 3600:.3g} h, checkpoint {delta:.3g} s, restart {restart:.3g} s"
+    y_axes = [{"type": "value", "name": "hours lost per day", "nameLocation": "middle", "nameGap": 44,
+               "min": 0.0, "max": top * 1.05}]
+    if cost_per_hour is not None:  # the same curve priced: a second axis, the first one's range times the cost
+        y_axes.append({"type": "value", "name": "cost per day ($)", "nameLocation": "middle", "nameGap": 56,
+                       "min": 0.0, "max": top * 1.05 * cost_per_hour, "splitLine": {"show": False}})
+    option = {
+        "animation": False, "title": {"text": title, "textStyle": {"fontSize": 14}},
+        "grid": {"left": 70, "right": 80, "top": 50, "bottom": 110},
+        "xAxis": {"type": "log", "name": "checkpoint interval (min of training)", "nameLocation": "middle",
+                  "nameGap": 28},
+        "yAxis": y_axes, "series": series, "tooltip": {"trigger": "axis"},
+        "legend": {"bottom": 0, "data": [s_["name"] for s_ in series]},
+    }
+    alt = f"{title}. " + "; ".join(s_["name"] for s_ in series[1:]) + (
+        "; cost per day ($) on the right axis" if cost_per_hour is not None else "")
+    return option, alt

@@ -101,17 +101,20 @@ def test_panel_shows_the_same_figures(monkeypatch: pytest.MonkeyPatch, demo_root
     assert any("what if" in (e.label or "") for e in at.expander)
 
 
-def test_whatif_figure_marks_the_intervals() -> None:
-    fig = cv.whatif_figure(300.0, 24 * 3600.0, current=3600.0, restart=600.0, cost_per_hour=100.0)
-    names = [t.name or "" for t in fig.data]
-    current = next(t for t in fig.data if (t.name or "").startswith("current 60 min"))
-    assert list(current.x) == [60.0, 60.0]
-    daly = next(t for t in fig.data if (t.name or "").startswith("Daly 117 min"))
-    curve = fig.data[0]
-    assert curve.x[int(min(range(len(curve.y)), key=lambda i: curve.y[i]))] == pytest.approx(daly.x[0], rel=0.03)
-    assert any(n.startswith("Young 120 min") for n in names) and "$" in current.name
-    assert fig.layout.yaxis2.title.text == "cost per day ($)"
-    assert "yaxis2" not in cv.whatif_figure(300.0, 86400.0).to_plotly_json()["layout"]  # no cost, no cost axis
+def test_whatif_chart_marks_the_intervals() -> None:
+    option, alt = cv.whatif_chart(300.0, 24 * 3600.0, current=3600.0, restart=600.0, cost_per_hour=100.0)
+    lines = option["series"]
+    names = [s["name"] for s in lines]
+    current = next(s for s in lines if s["name"].startswith("current 60 min"))
+    assert [p[0] for p in current["data"]] == [60.0, 60.0]
+    daly = next(s for s in lines if s["name"].startswith("Daly 117 min"))
+    curve = [p for p in lines[0]["data"] if p[1] is not None]
+    assert min(curve, key=lambda p: p[1])[0] == pytest.approx(daly["data"][0][0], rel=0.03)
+    assert any(n.startswith("Young 120 min") for n in names) and "$" in current["name"]
+    assert option["yAxis"][1]["name"] == "cost per day ($)" and current["name"] in alt
+    no_cost, _ = cv.whatif_chart(300.0, 86400.0)
+    assert len(no_cost["yAxis"]) == 1  # no cost, no cost axis
+    json.dumps(no_cost, allow_nan=False)  # what the browser gets: plain JSON
 
 
 def test_panel_on_a_run_the_record_says_little_about(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
