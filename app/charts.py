@@ -46,10 +46,13 @@ PANEL_HEIGHT, PANEL_GAP, TOP, STRIP_HEIGHT, BOTTOM = 150, 46, 64, 34, 78
 
 @dataclass(frozen=True)
 class Chart:
-    """An ECharts option and the height (px) its stacked grids need."""
+    """An ECharts option, the height (px) its stacked grids need, and what it shows in words."""
 
     option: dict
     height: int
+    summary: str = ""
+    """The chart in one line of text (panels, lines, off-scale peaks, findings, the advised checkpoint): its
+    accessible description, which a screen reader reads in place of the canvas."""
 
 
 @dataclass(frozen=True)
@@ -160,8 +163,8 @@ def _panel_series(i: int, panel: Panel, tables: Mapping[str, pa.Table], view: Vi
     branches = series.branch_parts(ds)
     for seg, part in branches.items():
         bx, by = series.envelope(part)
-        cut = abandoned_from.get(seg)
-        name = f"seg {seg} abandoned" + (f" @ {cut:,}" if cut is not None else "")
+        cut = abandoned_from.get(seg)  # the first abandoned step: the resume step s plus one
+        name = f"seg {seg} abandoned" + (f" (resume @ {cut - 1:,})" if cut is not None else "")
         out.append(_line(name, i, _points(bx, by, view.x), BRANCH_COLOR, width=1.1, opacity=0.5, dashed=True))
     for column in overlays:
         vx, vy = series.main_line(tables[column])
@@ -181,8 +184,14 @@ def _panel_series(i: int, panel: Panel, tables: Mapping[str, pa.Table], view: Vi
     return out, y, notes
 
 
-def _bands_for(i: int, panel: Panel, bands: Sequence[Mapping], first_panel_of: dict[int, int], x: str) -> dict:
-    """The panel's finding bands (markArea) and onset edges (markLine); each band labelled on its first panel."""
+def _bands_for(i: int, panel: Panel, bands: Sequence[Mapping], first_panel_of: dict[int, int], x: str,
+               min_label_width: float = 0.0) -> dict:
+    """The panel's finding bands (markArea) and onset edges (markLine); each band labelled on its first panel.
+
+    A closed band narrower than ``min_label_width`` (x units) goes unlabelled: a
+    run's many short closed stalls would print their names over each other
+    (they are all in the findings list below the chart).
+    """
     areas, edges = [], []
     for b_i, band in enumerate(bands):
         only = band.get("panels")
@@ -195,7 +204,9 @@ def _bands_for(i: int, panel: Panel, bands: Sequence[Mapping], first_panel_of: d
         x0, x1 = float(band["x0"]), float(band["x1"])
         if x1 <= x0:
             x1 = x0 + max(abs(x0) * 1e-3, 1.0)  # a one-step finding still gets a visible band
-        label = {"show": first_panel_of[b_i] == i, "position": "insideTopLeft", "color": color, "fontSize": 12}
+        wide = is_open or x1 - x0 >= min_label_width
+        label = {"show": first_panel_of[b_i] == i and wide, "position": "insideTopLeft", "color": color,
+                 "fontSize": 12}
         areas.append([{"name": escape.echarts(band.get("label", "")), "xAxis": _axis_x(x0, x),
                        "itemStyle": {"color": color, "opacity": 0.2 if is_open else 0.12}, "label": label},
                       {"xAxis": _axis_x(x1, x)}])
@@ -213,10 +224,11 @@ def _carrier(i: int, marks: dict) -> dict:
 def _advised_line(advised: Mapping | None, x: str, label: bool) -> list[dict]:
     if not advised:
         return []
+    # The line's own label is short (it runs along a panel's height); the strip's marker has the whole text.
     return [{"xAxis": _axis_x(float(advised["x"]), x), "lineStyle": {"color": ADVISED_COLOR, "width": 2, "type": "dashed"},
              "label": {"show": label, "formatter": "{b}", "position": "insideEndTop", "color": ADVISED_COLOR,
                        "fontWeight": "bold"},
-             "name": escape.echarts(advised["text"])}]
+             "name": "roll back here"}]
 
 
 def _strip(i: int, marks: Sequence[Mapping], x: str) -> list[dict]:
@@ -230,6 +242,13 @@ def _strip(i: int, marks: Sequence[Mapping], x: str) -> list[dict]:
                         "symbol": symbol, "symbolSize": 16 if kind == "advised" else 10, "animation": False,
                         "itemStyle": {"color": color}, "tooltip": {"trigger": "item"}, "z": 5 if kind == "advised" else 3})
     return out
+
+
+def _table_extent(tables: Mapping[str, pa.Table], columns: Sequence[str]) -> tuple[float, float] | None:
+    """The x range the buckets of ``columns`` cover (x units), or None when there are none."""
+    lo = [float(np.nanmin(tables[c]["x_first"].to_numpy(zero_copy_only=False))) for c in columns if tables[c].num_rows]
+    hi = [float(np.nanmax(tables[c]["x_last"].to_numpy(zero_copy_only=False))) for c in columns if tables[c].num_rows]
+    return (min(lo), max(hi)) if lo else None
 
 
 def _x_extent(all_series: Sequence[dict]) -> tuple[float, float] | None:
@@ -264,12 +283,14 @@ def run_chart(tables: Mapping[str, pa.Table], panels: Sequence[Panel], *, view: 
     if not drawn:
         return empty_chart("no chartable data in this run yet")
     out_series, y_axes, notes, first_panel_of = [], [], [], {}
+    span = view.x_range or _table_extent(tables, [p.column for p in drawn])
+    min_label_width = 0.04 * (span[1] - span[0]) if span else 0.0
     for i, panel in enumerate(drawn):
         lines, y, panel_notes = _panel_series(i, panel, tables, view, abandoned_from)
         out_series += lines
         y_axes.append(_y_axis(i, panel.column in view.log, y))
         notes.append(panel_notes)
-        carrier = _bands_for(i, panel, bands, first_panel_of, view.x)
+        carrier = _bands_for(i, panel, bands, first_panel_of, view.x, min_label_width)
         carrier["markLine"]["data"] += _advised_line(advised, view.x, label=i == 0)
         out_series.append(_carrier(i, carrier))
     strip = len(drawn)
@@ -292,6 +313,7 @@ def run_chart(tables: Mapping[str, pa.Table], panels: Sequence[Panel], *, view: 
         grids.append({"left": 72, "right": 28, "top": _grid_top(len(drawn)) - 16, "height": STRIP_HEIGHT})
     height = grids[-1]["top"] + grids[-1]["height"] + BOTTOM
     legend = sorted({s["name"] for s in out_series if s["type"] == "line" and s.get("data")}, key=_legend_order)
+    summary = _summary(drawn, view, legend, notes, bands, advised)
     return Chart({
         "animation": False, "grid": grids, "xAxis": x_axes, "yAxis": y_axes, "series": out_series,
         "title": _titles(drawn, view, notes),
@@ -306,7 +328,21 @@ def run_chart(tables: Mapping[str, pa.Table], panels: Sequence[Panel], *, view: 
         "toolbox": {"left": 0, "top": 0, "feature": {"brush": {"type": ["lineX", "clear"],
                                                                  "title": {"lineX": "select a range to zoom into",
                                                                            "clear": "clear the selection"}}}},
-    }, height)
+    }, height, summary)
+
+
+def _summary(drawn: Sequence[Panel], view: View, legend: Sequence[str], notes: Sequence[list[str]],
+             bands: Sequence[Mapping], advised: Mapping | None) -> str:
+    parts = ["charts by " + X_TITLES[view.x] + ": " + ", ".join(
+        escape.echarts(p.title) + (" (log)" if p.column in view.log else "") for p in drawn)]
+    parts.append("lines: " + ", ".join(legend))
+    parts += [escape.echarts(n) for panel_notes in notes for n in panel_notes]
+    if bands:
+        parts.append("findings: " + ", ".join(
+            escape.echarts(b.get("label", "")) + (" (open)" if b.get("open", True) else " (closed)") for b in bands))
+    if advised:
+        parts.append(escape.echarts(advised["text"]))
+    return "; ".join(parts)
 
 
 def _legend_order(name: str) -> tuple[int, str]:

@@ -114,7 +114,7 @@ def controls(root_dir: str, run: str, sig: tuple[float, int], columns: list[str]
     drawn = [p for p in charts.panels_for(columns) if p.column in columns or p.column == "step_time"]
     extra_options = charts.extra_columns(columns, METRIC_COLUMNS)
     extras = top[1].multiselect("more charts (the run's own metrics)", extra_options, key=f"extras_{run}",
-                                placeholder="add a chart", format_func=escape.markdown) if extra_options else []
+                                placeholder="add a chart") if extra_options else []
     titles = {p.column: p.title for p in drawn} | {c: c for c in extras}
     key = f"log_{run}"
     if key in st.session_state:  # a chart removed from "more charts" leaves the log choices
@@ -159,7 +159,7 @@ def draw(slot: object, root_dir: str, run: str, sig: tuple[float, int], request:
     judged (one keyed chart per run of the page).
     """
     chart = build(root_dir, run, sig, request, report, oncall)
-    alt = f"Charts of run {escape.echarts(run)}"
+    alt = f"Charts of run {escape.echarts(run)}: {chart.summary}"
     if interactive:
         slot.echarts_chart(chart.option, height=chart.height, key=f"run_chart_{request.generation}",
                            on_select="rerun", alt=alt)

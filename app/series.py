@@ -32,6 +32,8 @@ def envelope(ds: pa.Table) -> tuple[np.ndarray, np.ndarray]:
     xs, ys = xs[keep], ys[keep]
     order = np.argsort(xs, axis=1, kind="stable")
     xs, ys = np.take_along_axis(xs, order, axis=1).ravel(), np.take_along_axis(ys, order, axis=1).ravel()
+    if xs.size == 0:  # every bucket non-finite (a segment of NaN steps): markers only
+        return xs, ys
     # Drop repeated points (a bucket of one row yields the same point four times).
     same = np.r_[False, (np.diff(xs) == 0) & (np.diff(ys) == 0)]
     return xs[~same], ys[~same]

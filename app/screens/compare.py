@@ -39,8 +39,7 @@ def compare(root_dir: str) -> None:
         st.info(state.how_to_fill(root_dir))
         return
     colors = charts.run_colors([r["run"] for r in runs])
-    picked = st.multiselect("runs", names, default=names[: min(3, len(names))], key="runs", bind="query-params",
-                            format_func=escape.markdown)
+    picked = st.multiselect("runs", names, default=names[: min(3, len(names))], key="runs", bind="query-params")
     if not picked:
         st.info("Pick one or more runs to overlay.")
         return

@@ -111,7 +111,7 @@ def test_branch_is_dimmed_labelled_from_the_resume_and_kept_off_the_y_range(bran
     assert abandoned == {0: 301}  # segment_cuts: the rows after the resume step s, from s + 1
     option = charts.run_chart(tables, charts.panels_for(["loss"]), abandoned_from=abandoned).option
     [branch] = [s for s in option["series"] if s["name"].startswith("seg ")]
-    assert branch["name"] == "seg 0 abandoned @ 301"
+    assert branch["name"] == "seg 0 abandoned (resume @ 300)"
     assert branch["lineStyle"]["opacity"] < 1 and branch["lineStyle"]["type"] == "dashed"
     assert min(p[0] for p in branch["data"]) == 301  # everything after the resume step is the branch
     y = option["yAxis"][0]
@@ -193,3 +193,11 @@ def test_finding_bands_mark_acknowledged_findings() -> None:
                 self_recovered=None, needs_action=True, open=True, evidence={}, message="m")
     [band] = views.finding_bands([f], last_step=20, ack_of=lambda _: type("A", (), {"by": "alice"})())
     assert band["label"] == "spike ✓ alice"
+
+
+def test_a_segment_of_only_non_finite_values_draws_markers_not_a_crash() -> None:
+    ds = pa.table({"x_first": [5.0], "first": [None], "x_min": [None], "min": [None], "x_max": [None],
+                   "max": [None], "x_last": [5.0], "last": [None], "segment": pa.array([1], pa.int32()),
+                   "main": [True], "num_nonfinite": [3]}, schema=None)
+    xs, ys = series.envelope(ds)
+    assert xs.size == ys.size == 0 and series.nonfinite_points(ds)[1].tolist() == [3]
