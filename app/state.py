@@ -169,13 +169,9 @@ def _summary(store: Store, run: str) -> dict:
 
 def _facts(store: Store, run: str) -> dict:
     """What the overview shows beside a run's numbers, from its metadata and events (read when they change):
-    its state before judgement, the silence last recorded and the findings acknowledged."""
+    its state before judgement, and its acknowledgements and silences."""
     events = store.events(run)
-    oncall = read_oncall(events)
-    latest = oncall.silences[-1] if oncall.silences else None
-    return {"base_state": lifecycle.base_state(store.meta(run), events), "acked": sorted(oncall.acks),
-            "silenced_until": None if latest is None else latest.until,
-            "silenced_by": None if latest is None else latest.by}
+    return {"base_state": lifecycle.base_state(store.meta(run), events), "oncall": read_oncall(events)}
 
 
 def _read_summary(root_dir: str, run: str, sig: tuple[float, int]) -> tuple[tuple[float, int], dict | None, str | None]:

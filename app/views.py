@@ -18,6 +18,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from runwatch.app import escape, lifecycle
+from runwatch.app.oncall import OnCall, alertable
 from runwatch.detectors.advisor import resume_hint
 
 HEALTH_ORDER = {"action needed": 0, "stalled": 1, "error": 2, "analysing": 3, "watching": 4, "unresolved": 5,
@@ -82,7 +83,7 @@ def overview_rows(runs: Sequence[Mapping], reports: Mapping[str, object], errors
     """One row per run, worst health first, then most recently updated.
 
     ``runs``: the dashboard's run summaries (``state.run_summaries``: the runs
-    table plus ``base_state``, ``acked`` and ``silenced_until``); ``reports``:
+    table plus ``base_state`` and ``oncall``); ``reports``:
     run -> analysis report; ``errors``: run -> why it could not be analysed
     (shown, never hidden); ``pending``: runs whose first analysis has not run yet.
     """
@@ -96,10 +97,10 @@ def overview_rows(runs: Sequence[Mapping], reports: Mapping[str, object], errors
         state = lifecycle.run_state(r.get("base_state", "live"), health)
         health = lifecycle.display_health(health, state)
         opened = open_findings(report) if report is not None else []
-        acked = {tuple(k) for k in r.get("acked") or ()}
-        num_acked = sum(1 for f in opened if (f.kind, f.segment, f.onset_step) in acked)
+        oncall = r.get("oncall") or OnCall()
+        num_acked = sum(1 for f in opened if oncall.ack_for(f) is not None)
         updated = r.get("last_update")
-        until = r.get("silenced_until")
+        silence = oncall.silenced(now)
         kinds = "; ".join(sorted({f.kind for f in opened}))
         rows.append({
             "health": health,
@@ -111,7 +112,10 @@ def overview_rows(runs: Sequence[Mapping], reports: Mapping[str, object], errors
             "tokens": r.get("tokens"),
             "open findings": len(opened),
             "what": errors.get(name) or (kinds + (f" ({num_acked} acknowledged)" if num_acked else "")) or "-",
-            "alerts": f"silenced until {utc_time(until)[:-7]} UTC" if until is not None and until > now else "on",
+            "alerts": "on" if silence is None else f"silenced until {utc_time(silence.until)[:-7]} UTC",
+            # Whether the overview's banner calls for someone: the alert rule (oncall.alertable), so a silenced
+            # run or one whose every open finding someone acknowledged stays off it; an error always calls.
+            "paging": name in errors or report is None or bool(alertable(opened, oncall, now)),
             "segments": r.get("num_segments"),
             "_order": (HEALTH_ORDER.get(health, 9), -(updated or 0.0)),
         })

@@ -101,9 +101,14 @@ def _banner(rows: list[dict]) -> None:
     """The 3 a.m. line: how many runs are in each state, and links to the ones that need someone."""
     counts = pd.Series([r["health"] for r in rows]).value_counts()
     st.markdown("#### " + " &nbsp; ".join(f"{views.health_label(h)} **{n}**" for h, n in counts.items()))
-    urgent = [r for r in rows if r["health"] in ("action needed", "stalled", "error")]
+    needy = [r for r in rows if r["health"] in ("action needed", "stalled", "error")]
+    urgent = [r for r in needy if r["paging"]]
+    quiet = [r["run"] for r in needy if not r["paging"]]
+    if quiet:
+        st.caption(escape.markdown(f"Someone is on it (acknowledged or silenced): {', '.join(quiet)}"))
     if not urgent:
-        st.success("No run needs action.")
+        if not quiet:
+            st.success("No run needs action.")
         return
     cols = st.columns(min(len(urgent), 4))
     for i, r in enumerate(urgent[:8]):

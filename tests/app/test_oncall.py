@@ -100,6 +100,8 @@ def test_jsonl_import_carries_acks_and_silences(tmp_path: Path) -> None:
 
 
 def test_acknowledge_and_silence_from_the_run_page(monkeypatch: pytest.MonkeyPatch, root: Path) -> None:
+    before = open_page(monkeypatch, root, "overview")
+    assert any("nan" in shown(p.label) for p in before.get("page_link"))  # the banner calls for someone
     at = open_page(monkeypatch, root, "run", run="nan")
     no_errors(at)
     at.button(key="ack_0").click().run()
@@ -119,3 +121,6 @@ def test_acknowledge_and_silence_from_the_run_page(monkeypatch: pytest.MonkeyPat
     overview = open_page(monkeypatch, root, "overview")
     row = overview.dataframe(key="overview_table").value.iloc[0]
     assert row["alerts"].startswith("silenced until") and "1 acknowledged" in row["what"]
+    # The alert rule (oncall.alertable): someone is on it, so the banner no longer calls for the run.
+    assert not any("nan" in shown(p.label) for p in overview.get("page_link"))
+    assert any("Someone is on it" in shown(c.value) and "nan" in shown(c.value) for c in overview.caption)
