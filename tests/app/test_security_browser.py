@@ -14,6 +14,7 @@ from urllib.parse import quote, urlsplit
 
 import pytest
 
+from runwatch.app import charts
 from tests.app.conftest import HOSTILE_PATH, free_port, hostile_lines, spike_lines, wait_http, write_jsonl_run
 
 CHROMIUM = "/usr/bin/chromium"
@@ -52,7 +53,7 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 def _settle(page, timeout_s: float = 30.0) -> None:
-    """Until no script run is in flight, then a moment for Plotly."""
+    """Until no script run is in flight, then a moment for the charts to draw."""
     deadline = time.time() + timeout_s
     while page.locator('[data-testid="stStatusWidget"]').count() and time.time() < deadline:
         time.sleep(0.25)
@@ -99,27 +100,28 @@ def test_hostile_text_is_shown_as_text_and_fetches_nothing(chromium, hostile_ser
     # The run page: checkpoint path in the rollback card, the reason and the actions; the resume command.
     page.goto(f"http://{own}/run?run=hostile")
     page.wait_for_selector(".st-key-rollback_card", timeout=90_000)
-    page.wait_for_selector(".js-plotly-plot .main-svg", timeout=60_000)
+    page.wait_for_selector('[data-testid="stEChartsChart"][aria-busy="false"]', timeout=60_000)
     _settle(page)
     card = _visible(page.locator(".st-key-rollback_card").inner_text())
     literal = HOSTILE_PATH.replace("\x1b", " ")
     assert literal in card  # the whole path, as text (the ESC shows as a space)
-    assert f"--resume '{HOSTILE_PATH}'" in page.locator('[data-testid="stCode"]').inner_text()  # quoted, as text
+    assert f"--resume '{HOSTILE_PATH}'" in page.locator('.st-key-rollback_card [data-testid="stCode"]').inner_text()
     _no_injected_markup(page)
 
-    # Plotly: the checkpoint tick's hover text, rendered by hovering it.
-    box = page.evaluate("""() => {
-        const gd = document.querySelector('.js-plotly-plot');
-        const i = gd.data.findIndex(t => t.name === 'checkpoint');
-        const t = gd.data[i], xa = gd._fullLayout[(t.xaxis || 'x').replace('x', 'xaxis')],
-              ya = gd._fullLayout[(t.yaxis || 'y').replace('y', 'yaxis')], r = gd.getBoundingClientRect();
-        return {x: r.left + xa._offset + xa.l2p(t.x[t.x.length - 1]), y: r.top + ya._offset + ya.l2p(0)};
-    }""")
-    page.mouse.move(box["x"], box["y"])
-    page.wait_for_selector(".hoverlayer .hovertext", timeout=10_000)
-    hover = page.locator(".hoverlayer").first
-    assert "[click](http://evil.example/link)" in hover.text_content() and "<b id=pwn>" in hover.text_content()
-    assert hover.locator("a, image, img").count() == 0
+    # ECharts: the checkpoint marker's tooltip (HTML that ECharts builds), found by moving along the marker strip.
+    chart = page.locator('[data-testid="stEChartsChart"]').first
+    num_panels = len((chart.get_attribute("aria-label") or "").split("; lines:")[0].split(":", 2)[2].split(","))
+    box = chart.bounding_box()
+    strip_y = box["y"] + charts.TOP + num_panels * (charts.PANEL_HEIGHT + charts.PANEL_GAP) - 16 + charts.STRIP_HEIGHT / 2
+    tip = chart.locator("div").filter(has_text="checkpoint @ step")
+    for x in range(int(box["x"] + 72), int(box["x"] + box["width"] - 28), 2):
+        page.mouse.move(x, strip_y)
+        if tip.count():
+            break
+    assert tip.count(), "no checkpoint tooltip along the marker strip"
+    text = tip.last.text_content()
+    assert "[click](http://evil.example/link)" in text and "<b id=pwn>" in text
+    assert tip.last.locator("a, image, img, b").count() == 0
 
     # The URL: a run name that is Markdown and HTML.
     page.goto(f"http://{own}/run?run={quote(HOSTILE_URL_RUN)}")
