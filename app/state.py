@@ -37,7 +37,7 @@ LIVE_SECONDS = 5.0  # how often an open page polls for new flushes
 STALL_TICK_SECONDS = 15.0  # the soonest an unchanged live run is judged again (so "stalled" appears by itself)
 STALL_LATENESS = 0.1  # ... and at most this share of its silence late (see is_stale)
 RACY_SECONDS = 2.0  # a directory younger than this may change again within one timestamp tick (see _dir_stamp)
-NUM_BUCKETS = 2000
+NUM_BUCKETS = 1000  # about one per pixel of a chart's width: each keeps its min and max, so no spike is lost
 
 
 def root() -> Path | str:
