@@ -364,7 +364,6 @@ def compare_chart(tables_by_run: Mapping[str, Mapping[str, pa.Table]], columns: 
     if not present:
         return empty_chart("the selected runs have no common chartable column")
     titles = {p.column: p.title for p in PANELS}
-    view = View(x=x)
     out_series: list[dict] = []
     for run, tables in tables_by_run.items():
         for i, column in enumerate(present):

@@ -74,7 +74,7 @@ class OnCall:
 
 def finding_key(finding: object) -> tuple[str, int, int]:
     """What identifies a finding across judgements: its kind, segment and onset step."""
-    return (str(getattr(finding, "kind")), int(getattr(finding, "segment")), int(getattr(finding, "onset_step")))
+    return (str(finding.kind), int(finding.segment), int(finding.onset_step))
 
 
 def _when(ev: dict) -> float:

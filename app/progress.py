@@ -45,7 +45,7 @@ class Progress:
         self.total, self.label, self.unit = max(float(total), 1e-9), label, unit
         self.out = sys.stderr if out is None else out
         self.tty = bool(getattr(self.out, "isatty", lambda: False)())
-        every_s = float(os.environ.get(EVERY_ENV, 10.0)) if every_s is None else every_s
+        every_s = float(os.environ.get(EVERY_ENV, "10")) if every_s is None else every_s
         self.every_s = min(1.0, every_s) if self.tty else every_s
         """The first report waits this long (short jobs print nothing); a log file gets a line this often."""
         self.clock = clock

@@ -61,6 +61,8 @@ WATCH_SCRIPT = """
     return axes.size;
   }
   function canvasPanels() {
+    // Reading a canvas back costs the page's main thread: look only once ECharts has an option set.
+    if (!document.querySelector('[data-testid=stEChartsChart][aria-busy=false]')) return 0;
     let best = 0;
     for (const c of document.querySelectorAll('canvas')) {
       if (c.width < 400 || c.height < 300) continue;
