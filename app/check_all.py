@@ -23,6 +23,7 @@ from pathlib import Path
 
 from runwatch.app import escape
 from runwatch.app.check import ACTION_HEALTH, EXIT_ACTION, EXIT_OK, EXIT_USAGE
+from runwatch.app.progress import Progress
 from runwatch.data.roots import open_root, run_of
 
 ENGINES = ("local", "spark")
@@ -57,12 +58,22 @@ def check_all_local(root: str | Path, *, workers: int | None = None, now: float 
     if not runs:
         return []
     workers = max(1, min(workers or len(os.sched_getaffinity(0)), len(runs)))
+    progress = Progress(len(runs), "judging runs", unit="runs")  # on stderr, shown only when it takes a while
+    results = []
     if workers == 1:
         _open(str(root))
-        return [_judge(run, now) for run in runs]
-    ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_open, initargs=(str(root),)) as pool:
-        return list(pool.map(_judge, runs, [now] * len(runs), chunksize=max(1, len(runs) // (workers * 8))))
+        judged = (_judge(run, now) for run in runs)
+        for result in judged:
+            results.append(result)
+            progress.advance(result["run"])
+    else:
+        ctx = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_open, initargs=(str(root),)) as pool:
+            for result in pool.map(_judge, runs, [now] * len(runs), chunksize=max(1, len(runs) // (workers * 8))):
+                results.append(result)
+                progress.advance(result["run"])
+    progress.close(f"{len(results):,} runs judged")
+    return results
 
 
 def check_all(root: str | Path, engine: str = "local", *, workers: int | None = None,

@@ -102,3 +102,23 @@ def test_log_lines_come_at_the_interval_with_what_is_left() -> None:
         "demo: 50% (50/100 steps), step 50, 21 s elapsed, about 21 s left",
         "demo: done in 25 s",
     ]
+
+
+def test_check_all_reports_progress_in_a_log_file(tmp_path: Path) -> None:
+    """`check --all` over several runs: plain progress lines on stderr, the results alone on stdout."""
+    from tests.app.conftest import spike_lines, write_jsonl_run
+
+    root = tmp_path / "root"
+    root.mkdir()
+    for i in range(4):
+        write_jsonl_run(root, f"run-{i}", spike_lines(400, spike_at=200))
+    env = {**os.environ, EVERY_ENV: "0"}
+    with open(tmp_path / "job.log", "w") as log:
+        done = subprocess.run([*RUNWATCH, "check", "--all", "--root", str(root), "--workers", "1", "--json"],
+                              stdout=subprocess.PIPE, stderr=log, env=env, text=True, timeout=300, check=False)
+    assert [r["run"] for r in json.loads(done.stdout)] == [f"run-{i}" for i in range(4)]
+    lines = (tmp_path / "job.log").read_text().splitlines()
+    assert [line.split(",")[0] for line in lines if "%" in line] == [
+        "judging runs: 25% (1/4 runs)", "judging runs: 50% (2/4 runs)", "judging runs: 75% (3/4 runs)",
+        "judging runs: 100% (4/4 runs)"]
+    assert lines[-1].startswith("judging runs: 4 runs judged in ")
