@@ -56,6 +56,8 @@ class SegmentDetectors:
         self.logged_step_time = False  # once a row logs step_time, it is the source; else derive it from time
         self.scanners = {}
         for spec in REGISTRY:
+            if spec.scope != "rank":
+                continue  # fleet detectors compare ranks (``fleet``), not one rank's rows
             ctx = ScanContext(segment=segment, config=config, meta=meta or {},
                               history=num_history if spec.series == "loss" else 0, resume_step=resume_step)
             self.scanners[spec.kind] = (spec.series, scanner_class(spec.kind)(ctx))

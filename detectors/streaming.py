@@ -25,6 +25,7 @@ from runwatch.detectors.analysis import Report, assemble, checkpoint_seconds
 from runwatch.detectors.config import DEFAULT, DetectorConfig
 from runwatch.detectors.core import Grow
 from runwatch.detectors.finding import Finding, SegmentInfo
+from runwatch.detectors.rank_stall import pause_seconds
 from runwatch.detectors.segment_scan import SegmentDetectors
 from runwatch.detectors.segments import (
     FLOAT_COLUMNS,
@@ -124,7 +125,7 @@ class StreamingAnalyzer:
         history, resume_step = parent_history(buf.segment, int(buf.cols["step"].view[0]),
                                               {**earlier, buf.segment: buf.views()}, resume, findings)
         return SegmentDetectors(buf.segment, self.config, meta=self.meta,
-                                checkpoint_seconds=checkpoint_seconds(self._checkpoints()),
+                                checkpoint_seconds=pause_seconds(checkpoint_seconds(self._checkpoints()), self._events),
                                 history=history, resume_step=resume_step)
 
     def _append(self, row: Mapping[str, object]) -> _SegmentBuffer:
