@@ -87,6 +87,12 @@ class StreamingAnalyzer:
                                  {k: v for k, v in event.items() if k not in ("event", "step", "time", "segment", "rank")})
         self._events.append({"segment": event.get("segment"), "rank": event.get("rank", 0), "event": event["event"],
                              "step": int(event["step"]), "time": event.get("time"), "payload": payload})
+        if event["event"] in ("checkpoint", "note") and self._segments:
+            # A pause logged while a segment runs applies to its rows not judged yet (the rows after the save).
+            pauses = pause_seconds(checkpoint_seconds(self._checkpoints()), self._events)
+            for buf in self._segments.values():
+                if buf.detectors is not None:
+                    buf.detectors.set_pause_seconds(pauses)
 
     def _checkpoints(self) -> list[dict]:
         return checkpoints_from_events(pa.Table.from_pylist(self._events) if self._events else None)

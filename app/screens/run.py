@@ -12,7 +12,7 @@ import time
 import pandas as pd
 import streamlit as st
 
-from runwatch.app import escape, state, views
+from runwatch.app import escape, rank_view, state, views
 from runwatch.app.checkpoint_panel import checkpoint_panel
 
 
@@ -127,6 +127,7 @@ def run_page(root_dir: str) -> None:
     if report is not None:
         _rollback_card(run, report, state.get_store(root_dir).meta(run))
     _charts(root_dir, run, report, sig)
+    rank_view.render(root_dir, run, report, sig)
     if report is not None and report.findings:
         _findings(report.findings)
     if report is not None:
