@@ -75,6 +75,7 @@ def main() -> None:
     p.add_argument("--faulty-rank", type=int, default=1)
     p.add_argument("--at", type=int, default=100)
     p.add_argument("--seconds", type=float, default=0.01)
+    p.add_argument("--save-every", type=int, default=0, help="rank 0 saves a checkpoint every N steps (0: never)")
     args = p.parse_args()
     torch.set_num_threads(1)
     counts = count_collectives()
@@ -110,6 +111,12 @@ def main() -> None:
             time.sleep(args.seconds)
         loss, grad_norm = train_step(ddp, optimizer, next(batches), after_backward=perturb)
         mon.step(step, loss=loss, grad_norm=grad_norm, lr=1e-3)
+        if args.save_every and step % args.save_every == 0 and step and rank == 0:
+            path = Path(args.root).parent / "ckpt" / f"step-{step}.pt"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            started = time.perf_counter()
+            torch.save({"model": model.state_dict(), "opt": optimizer.state_dict()}, path)
+            mon.checkpoint(step, path, write_seconds=time.perf_counter() - started)
     mon.close()
     dist.barrier()  # the script's own collective: proves the counter counts
     Path(args.out).mkdir(parents=True, exist_ok=True)
