@@ -206,6 +206,12 @@ class StallConfig:
     """Live: silence must also exceed 5 minutes (collectors flush in bulk; a minute of silence is normal)."""
     live_max_seconds: float = 3 * 86400.0
     """Silent for more than 3 days: the run ended (or is an archive), it is not 'stalled' any more."""
+    dead_heartbeats: float = 3.0
+    """A rank whose heartbeat is older than 3 of its intervals stopped beating (killed, stopped, wedged): its
+    writer thread rewrites it on time whatever the training thread does, so 3 missed beats is not a slow disk."""
+    holder_share: float = 0.5
+    """A finished stall every rank saw is pinned on the one rank whose own input wait and forward pass over
+    the stalled steps cover at least half its excess (the others spent that time waiting in a collective)."""
 
 
 @dataclass(kw_only=True, frozen=True)

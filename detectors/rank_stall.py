@@ -34,10 +34,6 @@ PHASES: dict[str, int] = {"step": 0, "forward": 1, "backward": 2}
 """How far a rank got since its last recorded step: recorded it, began the next forward pass, finished it."""
 PHASE_WORDS = {"step": "recorded the step", "forward": "in its next forward pass (input ready)",
                "backward": "past its next forward pass (in backward or a collective)"}
-DEAD_BEATS = 3.0
-"""A heartbeat older than 3 of its intervals: the process stopped beating (killed, stopped, or wedged)."""
-ATTRIBUTE_SHARE = 0.5
-"""A rank held a finished stall when its own pre-collective time covers at least half of the stall's excess."""
 
 
 @dataclass(frozen=True)
@@ -70,11 +66,11 @@ def _key(p: RankProgress) -> tuple[int, int]:
     return (-1 if step is None else step, phase)
 
 
-def _dead(p: RankProgress, now: float) -> bool:
+def _dead(p: RankProgress, now: float, cfg: StallConfig) -> bool:
     hb = p.heartbeat
     if not hb or not isinstance(hb.get("time"), (int, float)) or not isinstance(hb.get("every_s"), (int, float)):
         return False
-    return now - float(hb["time"]) > DEAD_BEATS * float(hb["every_s"])
+    return now - float(hb["time"]) > cfg.dead_heartbeats * float(hb["every_s"])
 
 
 def live_rank_stalls(ranks: Mapping[int, RankProgress], segment: int, now: float, cfg: StallConfig,
@@ -95,18 +91,18 @@ def live_rank_stalls(ranks: Mapping[int, RankProgress], segment: int, now: float
     if not silent:
         return []
     if len(silent) < len(live):  # the others still progress: each silent rank is its own stall
-        return [_finding(live[r], segment, *silent[r], allowance, [], now, hosts, live) for r in sorted(silent)]
-    culprits = _culprits(live, now)
+        return [_finding(live[r], segment, *silent[r], allowance, [], now, hosts, live, cfg) for r in sorted(silent)]
+    culprits = _culprits(live, now, cfg)
     if not culprits:
         r = min(silent, key=lambda k: silent[k][0])
-        return [_finding(live[r], segment, *silent[r], allowance, [], now, hosts, live, whole_run=True)]
+        return [_finding(live[r], segment, *silent[r], allowance, [], now, hosts, live, cfg, whole_run=True)]
     waiting = sorted(set(live) - set(culprits))
-    return [_finding(live[r], segment, *silent[r], allowance, waiting, now, hosts, live) for r in culprits]
+    return [_finding(live[r], segment, *silent[r], allowance, waiting, now, hosts, live, cfg) for r in culprits]
 
 
-def _culprits(live: Mapping[int, RankProgress], now: float) -> list[int]:
+def _culprits(live: Mapping[int, RankProgress], now: float, cfg: StallConfig) -> list[int]:
     """The ranks holding the others: those whose heartbeat stopped while others beat, else those behind."""
-    dead = [r for r, p in live.items() if _dead(p, now)]
+    dead = [r for r, p in live.items() if _dead(p, now, cfg)]
     if dead and len(dead) < len(live):
         return sorted(dead)
     keys = {r: _key(p) for r, p in live.items()}
@@ -117,13 +113,13 @@ def _culprits(live: Mapping[int, RankProgress], now: float) -> list[int]:
 
 
 def _finding(p: RankProgress, segment: int, silence: float, expected: float, allowance: float, waiting: list[int],
-             now: float, hosts: Mapping[int, str] | None, live: Mapping[int, RankProgress],
+             now: float, hosts: Mapping[int, str] | None, live: Mapping[int, RankProgress], cfg: StallConfig,
              whole_run: bool = False) -> Finding:
     step, _ = _last(p)
     step = -1 if step is None else step
-    progress = {str(r): _progress_words(q, now) for r, q in sorted(live.items())}
+    progress = {str(r): _progress_words(q, now, cfg) for r, q in sorted(live.items())}
     evidence = {"silence_s": silence, "expected_s": expected, "allowance_s": allowance, "live": True,
-                "progress": progress, "waiting_ranks": waiting, "not_responding": _dead(p, now),
+                "progress": progress, "waiting_ranks": waiting, "not_responding": _dead(p, now, cfg),
                 "detected_step": step}
     if whole_run:
         message = f"no new step for {duration(silence)} after step {step} (expected one every {duration(expected)})"
@@ -141,17 +137,18 @@ def _finding(p: RankProgress, segment: int, silence: float, expected: float, all
                    message=message, rank=None if whole_run else p.rank)
 
 
-def _progress_words(p: RankProgress, now: float) -> str:
+def _progress_words(p: RankProgress, now: float, cfg: StallConfig) -> str:
     step, at = _last(p)
     hb = p.heartbeat or {}
     words = PHASE_WORDS.get(str(hb.get("phase")), "recorded the step") if hb.get("step") == step else "recorded the step"
     out = f"step {step}: {words}" + (f" {duration(now - at)} ago" if np.isfinite(at) else "")
-    if _dead(p, now):
+    if _dead(p, now, cfg):
         out += f"; its heartbeat stopped {duration(now - float(hb['time']))} ago (process not responding)"
     return out
 
 
-def stall_holder(stall: Finding, rank_rows: Mapping[int, Mapping[str, np.ndarray]]) -> tuple[int | None, dict]:
+def stall_holder(stall: Finding, rank_rows: Mapping[int, Mapping[str, np.ndarray]],
+                 cfg: StallConfig) -> tuple[int | None, dict]:
     """The rank that held a finished stall (seen on every rank): whose input wait + forward pass over the
     stalled steps covers most of the stall's excess; (None, evidence) when no one rank explains it."""
     ev = stall.evidence
@@ -164,7 +161,7 @@ def stall_holder(stall: Finding, rank_rows: Mapping[int, Mapping[str, np.ndarray
     if len(pre) < 2 or not excess > 0:
         return None, {}
     over = {r: v - float(np.median([w for k, w in pre.items() if k != r])) for r, v in pre.items()}
-    holders = [r for r, v in over.items() if v >= ATTRIBUTE_SHARE * excess]
+    holders = [r for r, v in over.items() if v >= cfg.holder_share * excess]
     evidence = {"pre_collective_s": {str(r): v for r, v in sorted(pre.items())}}
     return (holders[0], evidence) if len(holders) == 1 else (None, evidence)
 
