@@ -26,12 +26,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from runwatch.detectors.core import MAD_TO_SIGMA
 from runwatch.detectors.finding import Finding
 from runwatch.detectors.scanner import Observations, ScanContext
 
 MEDIAN_SE = 1.2533
 """Standard error of a sample median over that of the mean, for normal data: sqrt(pi / 2)."""
-MAD_TO_SIGMA = 1.4826
 
 
 @dataclass
@@ -85,8 +85,8 @@ class StragglerScanner:
         self.closed: list[tuple[int, _Episode]] = []
 
     def advance(self, obs: Observations) -> None:
-        if "forward_time" not in obs:
-            return
+        if "forward_time" not in obs or len(obs["rank"]) < 2:
+            return  # nothing to compare a lone rank with
         block = self.cfg.block
         while (self.num_blocks + 1) * block <= len(obs["step"]):
             self._judge(obs, self.num_blocks)
