@@ -28,7 +28,15 @@ import pyarrow.compute as pc
 
 from runwatch.data.record import rank_hosts, segment_members
 from runwatch.detectors.advisor import advise, checkpoints_from_events
-from runwatch.detectors.analysis import Report, analyze, checkpoint_seconds, health_of, mark_open, overlaps
+from runwatch.detectors.analysis import (
+    Report,
+    analyze,
+    assemble,
+    checkpoint_seconds,
+    health_of,
+    mark_open,
+    overlaps,
+)
 from runwatch.detectors.config import DEFAULT, DetectorConfig
 from runwatch.detectors.finding import Finding, SegmentInfo
 from runwatch.detectors.fleet import FLEET_COLUMNS, FleetScan
@@ -149,7 +157,7 @@ def combine(reports: Mapping[int, Report], fleet: FleetState) -> list[Finding]:
 
 def _attribute(stall: Finding, fleet: FleetState, segment: int) -> Finding:
     """A finished stall every rank saw: name the rank whose own time before the collective covers it."""
-    holder, evidence = stall_holder(stall, fleet.rank_rows(segment))
+    holder, evidence = stall_holder(stall, fleet.rank_rows(segment), fleet.config.stall)
     if holder is None:
         return dataclasses.replace(stall, evidence={**stall.evidence, **evidence}) if evidence else stall
     message = stall.message + f"; rank {holder} held the others up (its input wait and forward pass took the time)"
@@ -266,11 +274,14 @@ class FleetStreamingAnalyzer:
     def _data_part(self) -> tuple:
         """What changes only with new data: combined and fleet findings, segments, main line, checkpoints."""
         if self._cache is None or self._cache[0] != self.version:
-            reports = {r: a.report(None, None) for r, a in self.ranks.items()}
-            ref = min(self.ranks)
             checkpoints = checkpoints_from_events(pa.Table.from_pylist(self.events) if self.events else None)
+            reports, mains = {}, {}
+            for r, a in self.ranks.items():  # as StreamingAnalyzer.report, keeping each main line (built once)
+                mains[r] = a.main_line()
+                reports[r] = assemble(a.raw_findings(), a.segments(), mains[r], checkpoints, None, None, self.config)
+            ref = min(self.ranks)
             found = combine(reports, self.fleet) + self.fleet.findings()
-            self._cache = (self.version, (found, reports[ref].segments, self.ranks[ref].main_line(), checkpoints))
+            self._cache = (self.version, (found, reports[ref].segments, mains[ref], checkpoints))
         return self._cache[1]
 
     def report(self, now: float | None = None, present_paths: set[str] | None = None,
