@@ -106,6 +106,10 @@ class RunFollower:
 
         class Handler(FileSystemEventHandler):
             def on_any_event(self, event: object) -> None:
+                # Only what writers do (files renamed into place, parts deleted); never opens and reads,
+                # which the follower itself causes when it reads a file.
+                if getattr(event, "event_type", "") not in ("created", "moved", "deleted", "modified"):
+                    return
                 for attr in ("dest_path", "src_path"):
                     path = getattr(event, attr, "")
                     if path:

@@ -1,0 +1,77 @@
+"""The follower (watch, dashboard): file events in, streaming reports out, equal to ``judge_run`` on the same files."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pyarrow as pa
+
+from runwatch.app.follow import RunFollower
+from runwatch.app.judge import judge_run
+from runwatch.data.storage import StagedWrite, compact
+from runwatch.data.store import Store
+from tests.app.webhook import train_run
+from tests.detectors.test_fleet import fleet_rows, meta_for
+
+
+def _follow_until(follower: RunFollower, done: threading.Event) -> None:
+    while not done.is_set():
+        follower.sync_paths(follower.drain(timeout=0.05))
+    time.sleep(0.5)
+    follower.sync_paths(follower.drain(timeout=0.2))
+
+
+def _same(a, b) -> None:
+    assert a.findings == b.findings
+    assert a.segments == b.segments and a.rollback == b.rollback and a.health == b.health
+
+
+def test_following_live_files_gives_judge_runs_report(tmp_path: Path) -> None:
+    root, ckpt = tmp_path / "runs", tmp_path / "ckpt"
+    root.mkdir()
+    follower = RunFollower(root)
+    follower.start()
+    done = threading.Event()
+
+    def train() -> None:
+        train_run(root, "gpt", 120, nan_at=95, ckpt_dir=ckpt)  # checkpoints land between its flushes
+        train_run(root, "gpt", 40, resume=(80, ckpt / "gpt-80.pt"))  # a rollback: a new segment
+        done.set()
+
+    worker = threading.Thread(target=train)
+    worker.start()
+    _follow_until(follower, done)
+    worker.join()
+    now = time.time()
+    with Store(root) as store:
+        offline = judge_run(store, "gpt", now=now)
+    _same(follower.report("gpt", now), offline)
+    assert {f.kind for f in offline.findings} >= {"nan"} and len(offline.segments) == 2
+    assert len(follower.runs["gpt"].consumed) > 10 and follower.num_rebuilds == 0
+    follower.stop()
+
+
+def test_a_compaction_is_read_again_and_changes_nothing(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    rows = fleet_rows(2, n=600, slow={1: (200, 0.02)}, nan_at={0: 500})
+    with StagedWrite(root) as staged:
+        for part in range(6):  # six flushes per rank
+            for r in (0, 1):
+                t = rows.filter(pa.compute.equal(rows["rank"], r)).slice(100 * part, 100)
+                staged.add_metrics("fleet", 0, r, t.drop_columns(["rank", "segment", "main"]))
+        staged.add_run_meta("fleet", {**meta_for(2), "finished": True})
+    follower = RunFollower(root)
+    follower.start()
+    before = follower.report("fleet")
+    assert {(f.kind, f.rank) for f in before.findings} >= {("straggler", 1), ("nan", 0)}
+    compact(root)
+    deadline = time.time() + 10
+    while follower.num_rebuilds == 0 and time.time() < deadline:
+        follower.sync_paths(follower.drain(timeout=0.2))
+    assert follower.num_rebuilds >= 1
+    _same(follower.report("fleet"), before)
+    with Store(root) as store:
+        _same(judge_run(store, "fleet"), before)
+    follower.stop()
