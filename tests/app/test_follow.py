@@ -10,7 +10,8 @@ import pyarrow as pa
 
 from runwatch.app.follow import RunFollower
 from runwatch.app.judge import judge_run
-from runwatch.data.storage import StagedWrite, compact
+from runwatch.data.compact import compact
+from runwatch.data.storage import StagedWrite
 from runwatch.data.store import Store
 from tests.app.webhook import train_run
 from tests.detectors.test_fleet import fleet_rows, meta_for
