@@ -9,26 +9,19 @@ newest healthy checkpoint on healthy nodes, with the exact resume arguments
 
 from __future__ import annotations
 
-import html
-import re
 from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 import plotly.graph_objects as go
 import pyarrow as pa
 
+from runwatch.app import escape
 from runwatch.detectors.advisor import resume_hint
 from runwatch.detectors.registry import FLEET_KINDS
 
 CHECKLIST_KINDS = ("stall", "rank_disagreement")
 """A run that is stalled or whose replicas disagree gets the OPT procedure."""
 RANK_KINDS = (*FLEET_KINDS, "stall", "nan")
-_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>~$:])")
-
-
-def md_escape(text: object) -> str:
-    """Text from a file or a host name, safe inside Streamlit markdown (shown as typed, never as markup)."""
-    return _MD_SPECIAL.sub(r"\\\1", str(text))
 
 
 def checklist_findings(findings: Iterable[object]) -> list:
@@ -108,7 +101,7 @@ def heatmap_figure(buckets: pa.Table, hosts: Mapping[int, str], *, title: str) -
     lo[r_at, c_at] = buckets["min"].to_numpy(zero_copy_only=False).astype(float) * 1e3
     x[c_at] = buckets["x_first"].to_numpy(zero_copy_only=False).astype(float)
     # Host names come from run.json: escaped, Plotly reads a few HTML tags in labels and hover text.
-    labels = [f"rank {r}" + (f" · {html.escape(hosts[r])}" if r in hosts else "") for r in ranks]
+    labels = [f"rank {r}" + (f" · {escape.plotly(hosts[r])}" if r in hosts else "") for r in ranks]
     fig.add_trace(go.Heatmap(x=x, y=labels, z=z, customdata=lo, colorscale="YlOrRd",
                              colorbar={"title": {"text": "ms"}},
                              hovertemplate="%{y}<br>from step %{x}<br>max %{z:.3g} ms, min %{customdata:.3g} ms"

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from runwatch.app import fleet_views, state, views
+from runwatch.app import escape, fleet_views, state, views
 from runwatch.data.record import rank_hosts
 from runwatch.detectors.advisor import checkpoints_from_events
 
@@ -66,6 +66,6 @@ def _checklist(run: str, report: object | None, meta: dict, events: object) -> N
     with st.container(border=True, key="opt_checklist"):
         st.markdown("**The OPT procedure** (a hung or disagreeing node: do not just restart on it)")
         for i, step in enumerate(steps[:-1]):
-            st.checkbox(fleet_views.md_escape(step), key=f"opt_step_{run}_{i}")
-        st.checkbox(fleet_views.md_escape(steps[-1].split(":", 1)[0]), key=f"opt_step_{run}_resume")
+            st.checkbox(escape.markdown(step), key=f"opt_step_{run}_{i}")
+        st.checkbox(escape.markdown(steps[-1].split(":", 1)[0]), key=f"opt_step_{run}_resume")
         st.code(fleet_views.resume_line(report, meta, checkpoints), language="bash", wrap_lines=True)
