@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import pyarrow as pa
+import pytest
 
 from runwatch.app.follow import RunFollower
 from runwatch.app.judge import judge_run
@@ -75,4 +76,32 @@ def test_a_compaction_is_read_again_and_changes_nothing(tmp_path: Path) -> None:
     _same(follower.report("fleet"), before)
     with Store(root) as store:
         _same(judge_run(store, "fleet"), before)
+    follower.stop()
+
+
+def test_the_dashboard_judges_through_the_follower(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from runwatch.app import judge, state
+
+    def offline(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the dashboard ran the offline detectors")
+
+    root, ckpt = tmp_path / "runs", tmp_path / "ckpt"
+    root.mkdir()
+    train_run(root, "gpt", 120, nan_at=95, ckpt_dir=ckpt)
+    with monkeypatch.context() as m:
+        m.setattr(judge, "judge_run", offline)
+        report, error, live = state._judge(str(root), "gpt")
+    assert error is None and live  # closed without finished=True: a live run
+    follower = state.get_follower(str(root))
+    assert len(follower.runs["gpt"].consumed) > 1  # the follower read the run's files
+    with Store(root) as store:
+        _same(report, judge_run(store, "gpt"))
+    # A rollback lands; judged at once, before (or without) its file events: the run is listed again.
+    train_run(root, "gpt", 40, resume=(80, ckpt / "gpt-80.pt"))
+    with monkeypatch.context() as m:
+        m.setattr(judge, "judge_run", offline)
+        report, error, _ = state._judge(str(root), "gpt")
+    assert error is None and len(report.segments) == 2
+    with Store(root) as store:
+        _same(report, judge_run(store, "gpt"))
     follower.stop()
