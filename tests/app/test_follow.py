@@ -105,3 +105,27 @@ def test_the_dashboard_judges_through_the_follower(tmp_path: Path, monkeypatch: 
     with Store(root) as store:
         _same(report, judge_run(store, "gpt"))
     follower.stop()
+
+
+def test_polling_follows_where_inotify_sees_nothing(tmp_path: Path) -> None:
+    """``--poll`` (network filesystems): watchdog's polling observer finds each new part without inotify."""
+    root = tmp_path / "runs"
+    rows = fleet_rows(2, n=300, nan_at={1: 250})
+    with StagedWrite(root) as staged:
+        staged.add_run_meta("fleet", {**meta_for(2), "finished": True})
+    follower = RunFollower(root, poll_seconds=0.3)
+    follower.start()
+    assert type(follower._observer).__name__ == "PollingObserver"
+    for part in range(3):
+        with StagedWrite(root) as staged:
+            for r in (0, 1):
+                t = rows.filter(pa.compute.equal(rows["rank"], r)).slice(100 * part, 100)
+                staged.add_metrics("fleet", 0, r, t.drop_columns(["rank", "segment", "main"]))
+    deadline = time.time() + 20
+    while len(follower.runs["fleet"].consumed) < 6 and time.time() < deadline:
+        follower.sync_paths(follower.drain(timeout=0.3))  # only what the observer reports: no listing
+    assert len(follower.runs["fleet"].consumed) == 6
+    with Store(root) as store:
+        _same(follower.report("fleet"), judge_run(store, "fleet"))
+    assert ("nan", 1) in {(f.kind, f.rank) for f in follower.report("fleet").findings}
+    follower.stop()
