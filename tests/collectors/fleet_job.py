@@ -26,10 +26,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+import runwatch.data  # noqa: F401  (its directory is one of RUNWATCH_DIRS)
 from runwatch.app.tinygpt import TinyGPT, TinyGPTConfig, synthetic_batches, train_step
 from runwatch.collectors import Monitor
 from runwatch.collectors.monitor import MonitorConfig
-import runwatch.data  # noqa: F401  (its directory is one of RUNWATCH_DIRS)
 
 COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "broadcast",
                "broadcast_object_list", "barrier", "monitored_barrier", "reduce", "reduce_scatter",

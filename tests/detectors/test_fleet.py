@@ -257,8 +257,8 @@ def test_streaming_equals_offline_across_ranks(seed: int) -> None:
 
 
 def test_check_json_carries_rank_and_host(tmp_path) -> None:
-    from runwatch.data.storage import StagedWrite
     from runwatch.app.check import run_check
+    from runwatch.data.storage import StagedWrite
 
     rows = fleet_rows(2, nan_at={1: 300})
     with StagedWrite(tmp_path) as staged:
