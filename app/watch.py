@@ -32,6 +32,7 @@ from pathlib import Path
 from runwatch.app.alerts import AlertBook, AlertConfig
 from runwatch.app.judge import is_live, judge_run
 from runwatch.app.notify import Notifier, Sender, backoff, deliver_due
+from runwatch.data.roots import is_url
 from runwatch.data.storage import list_runs, read_run_meta
 from runwatch.data.store import Store, StoreError
 
@@ -190,6 +191,9 @@ class Watcher:
 
 
 def build_config(args: argparse.Namespace) -> WatchConfig:
+    if is_url(args.root):
+        raise ValueError(f"--root {args.root}: runwatch watch follows a local or mounted root; for an object-store "
+                         "root run `runwatch check --root URL --all` from cron (exit 1 when a run needs action)")
     return WatchConfig(root=Path(args.root).expanduser().resolve(), notify=tuple(args.notify or ()), once=args.once,
                        state=Path(args.state).expanduser() if args.state else None, interval_s=args.interval,
                        poll_s=args.poll, alerts=AlertConfig(cooldown_s=args.cooldown, dashboard_url=args.dashboard_url))
