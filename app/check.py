@@ -83,7 +83,8 @@ def format_report(run: str, report: Report, oncall: OnCall | None = None, now: f
             group = group[-MAX_HISTORY:]
         for f in group:
             flag = "ACTION" if f.needs_action and f.open else f.severity
-            lines.append(f"  [{flag}] {f.kind} seg {f.segment} steps {f.onset_step}-{f.end_step}: {f.message}")
+            where = "" if f.rank is None else f" rank {f.rank}" + (f" ({f.host})" if f.host else "")
+            lines.append(f"  [{flag}] {f.kind} seg {f.segment}{where} steps {f.onset_step}-{f.end_step}: {f.message}")
             if (ack := oncall.ack_for(f)) is not None:
                 lines.append(f"      {ack_text(ack)}")
     rb = report.rollback

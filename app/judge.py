@@ -15,9 +15,12 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from runwatch.data.storage import read_heartbeats
 from runwatch.data.store import Store
 from runwatch.detectors.advisor import checkpoints_from_events
-from runwatch.detectors.analysis import Report, analyze
+from runwatch.detectors.analysis import Report
+from runwatch.detectors.config import DetectorConfig
+from runwatch.detectors.fleet_analysis import analyze_fleet
 
 
 def present_checkpoint_paths(root: Path | str, checkpoints: list[dict]) -> set[str] | None:
@@ -55,15 +58,18 @@ def is_live(meta: dict, events: pa.Table) -> bool:
             and status not in ("finished", "completed", "ended") and not is_finished(events))
 
 
-def judge_run(store: Store, run: str, *, now: float | None = None) -> Report:
-    """Judge one run as of ``now`` (default: the clock): findings, segments, health and rollback advice."""
+def judge_run(store: Store, run: str, *, now: float | None = None, config: DetectorConfig | None = None) -> Report:
+    """Judge one run as of ``now`` (default: the clock) over every rank's shard: findings (with the rank and
+    host they are about), segments, health and rollback advice."""
     if not store.has_run(run):
         known = ", ".join(store.run_names()) or "none"
         raise ValueError(f"unknown run {run!r} under {store.root} (runs there: {known})")
-    ranks = store.ranks(run)
-    rows = store.rows(run, rank=0 if 0 in ranks else ranks[0])
+    rows = store.rows(run, rank=None)
     events = store.events(run)
     meta = store.meta(run)
     present = present_checkpoint_paths(store.root, checkpoints_from_events(events))
-    live_now = (time.time() if now is None else now) if is_live(meta, events) else None
-    return analyze(rows, events, now=live_now, present_paths=present)
+    live = is_live(meta, events)
+    live_now = (time.time() if now is None else now) if live else None
+    heartbeats = read_heartbeats(store.root, run) if live else None
+    return analyze_fleet(rows, events, now=live_now, present_paths=present, meta=meta, config=config,
+                         heartbeats=heartbeats)

@@ -8,7 +8,9 @@ kept proportional to what changed, not to the root: a run's files are listed
 again only when one of its directories changed (``signatures``), its row of
 the runs table is read again only when its files changed (``run_summaries``),
 and it is judged again only when its files changed or time alone could change
-its verdict (``is_stale``).
+its verdict (``is_stale``). Judging goes through a ``RunFollower`` (one
+``st.cache_resource``), the code ``runwatch watch`` runs: it follows the root's files (watchdog) and judges each run with the
+streaming analyser, reading each new file once.
 UI strings never reach SQL: run names pass ``check_run_name`` and the store
 binds every value.
 """
@@ -27,6 +29,7 @@ import streamlit as st
 from runwatch.app import escape, lifecycle
 from runwatch.app.findings import read_findings, signature_of
 from runwatch.app.oncall import read_oncall
+from runwatch.app.follow import RunFollower
 from runwatch.app.serve import ROOT_ENV
 from runwatch.data.changes import listed_signatures
 from runwatch.data.roots import is_url, open_root
@@ -80,6 +83,15 @@ def how_to_fill(root_dir: str) -> str:
 @st.cache_resource
 def get_store(root_dir: str) -> Store:
     return Store(root_dir)
+
+
+@st.cache_resource
+def get_follower(root_dir: str) -> RunFollower:
+    """The root followed file by file (watchdog) and judged by the streaming analyser, as ``runwatch watch``
+    does; shared by every session of this dashboard."""
+    follower = RunFollower(root_dir)
+    follower.start()
+    return follower
 
 
 def signature(root_dir: str, run: str | None = None) -> tuple[float, int]:
@@ -272,11 +284,23 @@ def _reports() -> dict[tuple[str, str], Judged]:
 
 
 def _judge(root_dir: str, run: str) -> tuple[object | None, str | None, bool]:
-    from runwatch.app.judge import is_live, judge_run
-
-    store = get_store(root_dir)
+    """The run judged by the follower's streaming analyser (what ``runwatch watch`` alerts on): the files its
+    watcher reported are taken in, and the run's directory is listed once more, so a file whose event has not
+    arrived yet is not missed; only new files are read. An object-store root has no file events to follow:
+    its runs are judged by ``judge_run`` over the store."""
     try:
-        return judge_run(store, run), None, is_live(store.meta(run), store.events(run))
+        if is_url(root_dir):
+            from runwatch.app.judge import is_live, judge_run
+
+            store = get_store(root_dir)
+            return judge_run(store, run), None, is_live(store.meta(run), store.events(run))
+        follower = get_follower(root_dir)
+        follower.sync_paths(follower.drain(timeout=0))
+        follower.sync([run])
+        error = follower.errors.get(run)
+        if error:
+            return None, error, False
+        return follower.report(run), None, follower.is_live(run)
     except (ValueError, RuntimeError, OSError, MemoryError) as err:
         # Shown on the page (and cached, so a run that cannot be judged is not retried until its files change).
         return None, f"{type(err).__name__}: {err}", False

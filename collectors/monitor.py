@@ -33,6 +33,7 @@ from torch import nn
 
 from runwatch.collectors.buffer import StepBuffer
 from runwatch.collectors.plan import FIELD_NAMES, StepPlan
+from runwatch.collectors.rank_signals import Heartbeat, StepTimer, has_replicated_grads, param_checksum
 from runwatch.collectors.signals import ScalerReader, fused_grad_norm, register_activation_hook
 from runwatch.collectors.uploader import Uploader, UploaderConfig
 from runwatch.collectors.writer import BackgroundWriter, EventsBatch, MetricsBatch, RunMetaUpdate
@@ -64,6 +65,15 @@ class MonitorConfig:
     """Copy CUDA buffers into pinned host memory (needed for a truly non-blocking copy)."""
     close_timeout_seconds: float = 60.0
     """How long ``close`` waits for the writer to drain before giving up with a warning."""
+    time_forward: bool = True
+    """Time each forward pass and the input wait before it (hooks on the model; wall clock on a CPU, CUDA
+    events read at flush on a GPU): what ``straggler`` compares across ranks."""
+    heartbeat_seconds: float = 10.0
+    """How often the writer thread rewrites this rank's ``heartbeat.json`` (how far it got, that it lives):
+    what names the rank that holds a hung job."""
+    param_checksum_every: int = 0
+    """Every N steps record ``param_norm``, the parameters' norm computed on the device (one fused pass), for
+    ``rank_disagreement`` to compare across replicas; 0: off."""
 
     def __post_init__(self) -> None:
         if self.flush_every_steps < 1:
@@ -74,6 +84,10 @@ class MonitorConfig:
             raise ValueError(f"max_queue must be >= 1, got {self.max_queue}")
         if not self.close_timeout_seconds > 0:
             raise ValueError(f"close_timeout_seconds must be > 0, got {self.close_timeout_seconds}")
+        if not self.heartbeat_seconds > 0:
+            raise ValueError(f"heartbeat_seconds must be > 0, got {self.heartbeat_seconds}")
+        if self.param_checksum_every < 0:
+            raise ValueError(f"param_checksum_every must be >= 0, got {self.param_checksum_every}")
 
 
 def detect_rank() -> tuple[int, int]:
@@ -160,6 +174,7 @@ class Monitor:
         meta: Mapping[str, Any] | None = None,
         spool: str | Path | None = None,
         upload: UploaderConfig | None = None,
+        replicated_grads: bool | None = None,
     ) -> None:
         # An object-store root: write into a local spool as usual; an uploader ships it (uploader.py).
         self.remote = str(root) if is_url(root) else None
@@ -183,7 +198,10 @@ class Monitor:
         self._warned = False
         self._closed = False
         self._last_flush = time.monotonic()
-        self._writer = BackgroundWriter(self.root, max_queue=self.config.max_queue, claim=claim)
+        self._heartbeat = Heartbeat(self.root, self.run, self.segment, self.rank, self.config.heartbeat_seconds)
+        # Without a claim nothing of this Monitor is written, its heartbeat included (the partition is not its own).
+        self._writer = BackgroundWriter(self.root, max_queue=self.config.max_queue, claim=claim,
+                                        heartbeat=self._heartbeat if claim is not None else None)
         if claim_warning is not None or claim is None:
             self._num_errors += 1  # without a claim the writer's first failed flush says why
         if claim_warning is not None:
@@ -195,8 +213,17 @@ class Monitor:
             self._pending.buffer = self._new_buffer(device)
         if activation_module is not None:
             self._hook = register_activation_hook(activation_module, self._on_activation, self._hook_error)
+        self._timer = None
+        if model is not None and self.config.time_forward:
+            inner = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+            self._timer = StepTimer(model, inner, self._hook_error, self._heartbeat)
+        self._pending.give_back = self._timer.give_back if self._timer is not None else None
+        # Every rank registers its host for this segment; rank 0 writes the run's metadata too.
+        registration = {"hosts": {str(self.segment): {str(self.rank): socket.gethostname()}}}
         if self.rank == 0:
-            self._writer.submit(RunMetaUpdate(self.run, self._run_meta(model, scaler, precision, meta)))
+            registration.update(self._run_meta(model, scaler, precision, meta),
+                                replicated_grads=has_replicated_grads(model, replicated_grads))
+        self._writer.submit(RunMetaUpdate(self.run, registration))
         if resume_step is not None:
             self._submit_events([{
                 "event": "resume", "step": int(resume_step), "time": time.time(), "segment": self.segment,
@@ -284,6 +311,9 @@ class Monitor:
         scale = found_inf = lag_start = None
         if self._scaler is not None:
             scale, found_inf, lag_start = self._scaler.read()
+        every = self.config.param_checksum_every
+        if every and step % every == 0 and self._params:
+            extra = {**extra, "param_norm": param_checksum(self._params)}
         values = (*given, act, scale, found_inf, *extra.values())
         # The kind of step (which fields are tensors, numbers or absent) picks a plan made once;
         # per step there is no per-field work in Python, and one device copy for all tensors.
@@ -308,6 +338,12 @@ class Monitor:
                 self._put_checked(buffer, plan, tensors, lag_start)
         host = dict(zip(plan.host_names, plan.pick_host(values)))
         host["step"], host["time"] = int(step), time.time()
+        if self._timer is not None:
+            timed, pairs = self._timer.take(int(step))
+            host.update(timed)
+            if pairs:
+                pending.timings.append((len(pending.host_rows), pairs))
+        self._heartbeat.mark(int(step), "step")
         pending.host_rows.append(host)
 
     def _new_plan(self, values: tuple[Any, ...], extra: dict[str, Any], lagged: bool) -> StepPlan:
@@ -403,8 +439,11 @@ class Monitor:
         if self.rank == 0 and finished:
             self._writer.submit(RunMetaUpdate(self.run, {"finished": True, "finished_time": time.time()}))
         self._closed = True
+        self._heartbeat.closed = True
         if self._hook is not None:
             self._hook.remove()
+        if self._timer is not None:
+            self._timer.remove()
         self._finalizer.detach()
         if not self._writer.close(self.config.close_timeout_seconds):
             self._fail("closing the writer", TimeoutError(
@@ -431,13 +470,17 @@ class _Pending:
     uploader: Uploader | None = None
     buffer: StepBuffer | None = None
     host_rows: list[dict[str, Any]] = field(default_factory=list)
+    timings: list[tuple[int, list]] = field(default_factory=list)  # GPU forward events, read by the writer
+    give_back: Any = None
 
     def hand_over(self) -> None:
         """Submit the pending rows as one batch (one non-blocking device-to-host copy)."""
         rows, self.host_rows = self.host_rows, []
+        timings, self.timings = self.timings, []
         if rows:
             names, values, present, ready = self.buffer.drain() if self.buffer is not None else ([], None, None, None)
-            self.writer.submit(MetricsBatch(self.run, self.segment, self.rank, rows, names, values, present, ready))
+            self.writer.submit(MetricsBatch(self.run, self.segment, self.rank, rows, names, values, present, ready,
+                                            timings, self.give_back))
 
 
 def _finish(pending: _Pending, timeout: float) -> None:

@@ -15,6 +15,7 @@ going: the observer never kills the patient.
 from __future__ import annotations
 
 import threading
+import time
 import warnings
 from collections import deque
 from collections.abc import Mapping
@@ -25,11 +26,12 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from runwatch.collectors.rank_signals import Heartbeat, read_forward_seconds
 from runwatch.data.locks import PartitionClaim
 from runwatch.data.record import METRIC_FIELDS, conform_metrics
 from runwatch.data.storage import (
-    StagedWrite,
     events_jsonl,
+    merge_run_meta,
     part_name,
     partition_dir,
     write_bytes_atomic,
@@ -57,6 +59,9 @@ class MetricsBatch:
     device_values: Any = None  # torch.Tensor (n, num_columns), or None without device values
     present: np.ndarray | None = None  # (n, num_columns) bool
     ready: Any = None  # torch.cuda.Event | None
+    timings: list[tuple[int, list]] = field(default_factory=list)
+    """(row, [(start, end) CUDA events]) of the forward passes timed on a GPU, read after ``ready``."""
+    give_back: Any = None  # called with the events once read, for reuse
 
     @property
     def num_rows(self) -> int:
@@ -172,6 +177,10 @@ def _to_record_type(rows: list[dict[str, Any]], name: str, values: np.ndarray,
     return pa.array(values, pa.float64(), mask=~valid), []
 
 
+IDLE = object()
+"""What ``WorkQueue.get`` returns when its wait timed out."""
+
+
 class WorkQueue:
     """FIFO of writer items, bounded in metric batches and in event batches; every operation O(1).
 
@@ -209,11 +218,16 @@ class WorkQueue:
             self._cond.notify()
         return dropped
 
-    def get(self) -> WriterItem | None:
+    def get(self, timeout: float | None = None) -> WriterItem | None | object:
+        """The next item; ``IDLE`` when ``timeout`` seconds passed without one."""
         with self._cond:
+            deadline = None if timeout is None else time.monotonic() + timeout
             while True:
                 while not self._items:
-                    self._cond.wait()
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        return IDLE
+                    self._cond.wait(left)
                 cell = self._items.popleft()
                 if cell[0] is _DROPPED:
                     self._num_dropped_cells = max(0, self._num_dropped_cells - 1)
@@ -266,8 +280,10 @@ class BackgroundWriter:
     """
 
     def __init__(self, root: str | Path, *, max_queue: int, max_events: int = 1024,
-                 claim: PartitionClaim | None = None, name: str = "runwatch-writer") -> None:
+                 claim: PartitionClaim | None = None, name: str = "runwatch-writer",
+                 heartbeat: Heartbeat | None = None) -> None:
         self.root = Path(root)
+        self.heartbeat = heartbeat  # rewritten every ``heartbeat.every_s`` seconds, busy or idle
         self._queue = WorkQueue(max_queue, max_events)
         self._lock = threading.Lock()
         self._claim = claim
@@ -313,23 +329,40 @@ class BackgroundWriter:
             warnings.warn(f"runwatch: {message} (further errors are only counted)", RuntimeWarning, stacklevel=2)
 
     def _run(self) -> None:
+        next_beat = time.monotonic()
         try:
             while True:
-                item = self._queue.get()
-                # Behind? The batches of this partition waiting right after it go into the same file:
-                # one write and one fsync catch up on all of them.
-                items = [item, *self._queue.take_same_partition(item, 31)] if isinstance(item, MetricsBatch) \
-                    else [item]
-                try:
-                    if item is None:
-                        return
-                    self._write(items)
-                except Exception as err:  # a failed write must not end the thread
-                    for lost in items:
-                        self._count_drop(lost, f"writing to {self.root} failed: {type(err).__name__}: {err}")
+                wait = None if self.heartbeat is None else max(next_beat - time.monotonic(), 0.0)
+                item = self._queue.get(wait)
+                if item is None:
+                    self._beat()  # the last one says "closed" when the monitor closed
+                    return
+                if item is not IDLE:
+                    self._write_caught(item)
+                if self.heartbeat is not None and time.monotonic() >= next_beat:
+                    self._beat()
+                    next_beat = time.monotonic() + self.heartbeat.every_s
         finally:
             if self._claim is not None:
                 self._claim.release()
+
+    def _write_caught(self, item: WriterItem) -> None:
+        # Behind? The batches of this partition waiting right after it go into the same file:
+        # one write and one fsync catch up on all of them.
+        items = [item, *self._queue.take_same_partition(item, 31)] if isinstance(item, MetricsBatch) else [item]
+        try:
+            self._write(items)
+        except Exception as err:  # a failed write must not end the thread
+            for lost in items:
+                self._count_drop(lost, f"writing to {self.root} failed: {type(err).__name__}: {err}")
+
+    def _beat(self) -> None:
+        if self.heartbeat is None:
+            return
+        try:
+            self.heartbeat.write()
+        except Exception as err:  # a lost heartbeat costs liveness detail only, never the metrics
+            self._count_drop(None, f"writing the heartbeat failed: {type(err).__name__}: {err}")
 
     def _write_metrics(self, batches: list[MetricsBatch]) -> None:
         """One Parquet part from consecutive batches of one partition."""
@@ -337,6 +370,10 @@ class BackgroundWriter:
         for batch in batches:
             if batch.ready is not None:
                 batch.ready.synchronize()  # waits for this flush's copy only, off the training thread
+            for row, pairs in batch.timings:
+                batch.host_rows[row]["forward_time"] = read_forward_seconds(pairs)
+                if batch.give_back is not None:
+                    batch.give_back(pairs)
             table, problems = convert_batch(batch)
             if problems:
                 with self._lock:
@@ -365,8 +402,7 @@ class BackgroundWriter:
             with self._lock:
                 self.num_files += 1
         else:
-            with StagedWrite(self.root) as staged:
-                staged.add_run_meta(item.run, _plain(item.meta))
+            merge_run_meta(self.root, item.run, _plain(item.meta))  # ranks register concurrently: locked merge
 
 
 def _plain(meta: Mapping[str, Any]) -> dict[str, Any]:

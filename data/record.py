@@ -181,3 +181,32 @@ def resume_steps_of(events: Iterable[Mapping[str, object]]) -> dict[int, int]:
             seg, step = int(ev["segment"]), int(ev["step"])
             out[seg] = min(step, out.get(seg, step))
     return out
+
+
+def rank_hosts(meta: Mapping[str, object], segment: int) -> dict[int, str]:
+    """Rank -> host of one segment, the record's rule for ``run.json``'s ``hosts``.
+
+    Every rank registers itself when it starts: ``"hosts": {"<segment>": {"<rank>": "<host>"}}``. A segment
+    that registered nobody (an import, an older record) takes the nearest earlier segment's map, and rank 0
+    falls back to the run's ``host``.
+    """
+    hosts = meta.get("hosts")
+    found: dict[int, str] = {}
+    if isinstance(hosts, Mapping):
+        earlier = [int(k) for k in hosts if str(k).isdigit() and int(k) <= segment]
+        if earlier:
+            entry = hosts.get(str(max(earlier)))
+            if isinstance(entry, Mapping):
+                found = {int(r): str(h) for r, h in entry.items() if str(r).isdigit()}
+    if 0 not in found and isinstance(meta.get("host"), str):
+        found[0] = meta["host"]
+    return found
+
+
+def segment_members(meta: Mapping[str, object], segment: int) -> list[int] | None:
+    """The ranks that registered in exactly this segment (None when none did: go by the ranks with rows)."""
+    hosts = meta.get("hosts")
+    entry = hosts.get(str(segment)) if isinstance(hosts, Mapping) else None
+    if not isinstance(entry, Mapping) or not entry:
+        return None
+    return sorted(int(r) for r in entry if str(r).isdigit())

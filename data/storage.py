@@ -49,6 +49,11 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+try:
+    import fcntl
+except ImportError:  # Windows: no advisory locks; ranks of one job there are rare
+    fcntl = None
+
 from runwatch.data.record import EVENT_KINDS, SCHEMA_VERSION, check_oncall_event, conform_metrics, json_safe
 
 RUN_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$")
@@ -214,6 +219,30 @@ class StagedWrite:
         self._moves = []
 
 
+def merge_meta(old: Mapping[str, object], new: Mapping[str, object]) -> dict:
+    """``old`` updated by ``new``; a mapping under a key both have is merged the same way (``hosts``)."""
+    out = dict(old)
+    for key, value in new.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = merge_meta(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def merge_run_meta(root: str | Path, run: str, meta: Mapping[str, object]) -> Path:
+    """Merge ``meta`` into ``run.json`` under an exclusive lock: every rank of a job registers its host at
+    start, at the same moment, and a plain read-merge-write would lose all but one."""
+    directory = run_dir(root, run)
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / ".run.json.lock", "a") as lock:
+        if fcntl is not None:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)  # released when the file closes
+        merged = {**merge_meta(read_run_meta(root, run), meta), "run": run, "schema_version": SCHEMA_VERSION}
+        merged.setdefault("created", time.time())
+        return write_bytes_atomic(json.dumps(merged, indent=1, default=str).encode(), directory / RUN_META)
+
+
 def read_run_meta(root: str | Path, run: str) -> dict:
     path = run_dir(root, run) / RUN_META
     try:
@@ -222,6 +251,25 @@ def read_run_meta(root: str | Path, run: str) -> dict:
         return {}
     except (OSError, json.JSONDecodeError) as err:
         raise ValueError(f"{path}: unreadable run metadata ({err})") from err
+
+
+HEARTBEAT = "heartbeat.json"
+"""Each rank's liveness file in its partition (``Monitor``'s writer thread rewrites it every few seconds)."""
+
+
+def read_heartbeats(root: str | Path, run: str) -> dict[tuple[int, int], dict]:
+    """(segment, rank) -> that rank's latest heartbeat. A heartbeat is advisory: one that cannot be read (being
+    replaced on a filesystem without atomic rename, or not JSON) is left out rather than failing the run."""
+    out: dict[tuple[int, int], dict] = {}
+    for path in run_dir(root, run).glob(f"segment=*/rank=*/{HEARTBEAT}"):
+        seg, rank = path.parent.parent.name.split("=", 1)[1], path.parent.name.split("=", 1)[1]
+        try:
+            beat = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if seg.isdigit() and rank.isdigit() and isinstance(beat, dict):
+            out[(int(seg), int(rank))] = beat
+    return out
 
 
 def run_exists(root: str | Path, run: str) -> bool:

@@ -173,6 +173,26 @@ def _read_events(path: str, data: bytes) -> list[dict]:
     return records
 
 
+# Per rank and bucket of steps on the main line: min and max of the rank's time before the first collective
+# (input wait + forward pass, __VALUE__) or, for runs that did not time it, the step time from consecutive rows.
+_RANK_BUCKETS_SQL = f"""
+WITH m AS (SELECT rank, segment, step, time, __COLS__ FROM {_READ}), {_CUTS},
+v AS (
+  SELECT m.rank, m.step, __VALUE__ AS v
+  FROM m LEFT JOIN cut USING (segment)
+  WHERE cut.cut_step IS NULL OR m.step < cut.cut_step
+  WINDOW w AS (PARTITION BY m.rank, m.segment ORDER BY m.step)
+),
+r AS (SELECT min(step) AS lo, max(step) AS hi FROM v),
+b AS (SELECT v.*, least(CAST(floor((step - lo) * $num_buckets / greatest(hi - lo, 1)) AS BIGINT), $num_buckets - 1)
+      AS bucket FROM v, r WHERE v IS NOT NULL AND isfinite(v))
+SELECT rank, bucket, min(step) AS x_first, max(step) AS x_last, min(v) AS min, max(v) AS max, count(*) AS num_rows
+FROM b GROUP BY rank, bucket ORDER BY rank, bucket
+"""
+_PRE_COLLECTIVE = "m.forward_time + coalesce(m.data_time, 0)"
+_STEP_TIME = "(m.time - lag(m.time) OVER w) / nullif(m.step - lag(m.step) OVER w, 0)"
+
+
 class Store:
     """Read-only view of one runwatch root: a directory, or an object-store URL (``roots.open_root``)."""
 
@@ -338,6 +358,23 @@ class Store:
         records.sort(key=lambda r: (r["step"], r["segment"]))
         schema = pa.schema([pa.field("segment", pa.int32()), pa.field("rank", pa.int32()), *EVENTS_SCHEMA])
         return pa.Table.from_pylist(records, schema=schema)
+
+    def rank_buckets(self, run: str, num_buckets: int = 400) -> tuple[pa.Table, str]:
+        """Per rank and bucket of main-line steps: first/last step, min and max of the time each rank spent
+        before the first collective (input wait + forward pass: the part of a synchronous step that differs
+        between ranks) when the run timed it, else of the step time. Returns (table, which of the two)."""
+        if num_buckets < 1:
+            raise ValueError("num_buckets must be >= 1")
+        names = set(self.columns(run))
+        timed = "forward_time" in names
+        cols = ["forward_time"] + (["data_time"] if "data_time" in names else []) if timed else []
+        value = _PRE_COLLECTIVE if timed else _STEP_TIME
+        if timed and "data_time" not in names:
+            value = "m.forward_time"
+        sql = _RANK_BUCKETS_SQL.replace("__COLS__", ", ".join(quote_ident(c) for c in cols) or "NULL AS _none")
+        table = self._query_run(sql.replace("__VALUE__", value), run,
+                                {"num_buckets": int(num_buckets), **self._cut_params(run)})
+        return table, "pre_collective" if timed else "step_time"
 
     def columns(self, run: str) -> list[str]:
         """Metric columns present in the run's files (record columns and extras)."""

@@ -21,6 +21,7 @@ from runwatch.data.record import resume_steps_of
 from runwatch.detectors.advisor import advise, checkpoints_from_events
 from runwatch.detectors.config import DEFAULT, DetectorConfig
 from runwatch.detectors.finding import Finding, Rollback, SegmentInfo, clean_json, fmt_value
+from runwatch.detectors.rank_stall import pause_seconds
 from runwatch.detectors.segment_scan import SegmentDetectors
 from runwatch.detectors.segments import (
     main_line,
@@ -179,8 +180,9 @@ def analyze(rows: pa.Table, events: pa.Table | None = None, now: float | None = 
         raise ValueError("rows have no 'step' column (expected Store.rows(run))")
     cfg = config or DEFAULT
     checkpoints = checkpoints_from_events(events)
-    seconds = checkpoint_seconds(checkpoints)
-    resumes = resume_steps_of(events.to_pylist() if events is not None else [])
+    event_rows = events.to_pylist() if events is not None else []
+    seconds = pause_seconds(checkpoint_seconds(checkpoints), event_rows)  # checkpoint writes and evaluations
+    resumes = resume_steps_of(event_rows)
     cols = split_segments(rows)
     raw: list[Finding] = []
     for segment in sorted(cols):

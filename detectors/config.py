@@ -206,6 +206,12 @@ class StallConfig:
     """Live: silence must also exceed 5 minutes (collectors flush in bulk; a minute of silence is normal)."""
     live_max_seconds: float = 3 * 86400.0
     """Silent for more than 3 days: the run ended (or is an archive), it is not 'stalled' any more."""
+    dead_heartbeats: float = 3.0
+    """A rank whose heartbeat is older than 3 of its intervals stopped beating (killed, stopped, wedged): its
+    writer thread rewrites it on time whatever the training thread does, so 3 missed beats is not a slow disk."""
+    holder_share: float = 0.5
+    """A finished stall every rank saw is pinned on the one rank whose own input wait and forward pass over
+    the stalled steps cover at least half its excess (the others spent that time waiting in a collective)."""
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -260,6 +266,61 @@ class BadResumeConfig:
 
 
 @dataclass(kw_only=True, frozen=True)
+class StragglerConfig:
+    """Stragglers: the rank whose time before the first collective (input wait + forward pass) holds every
+    step back. Judged per block of steps every rank logged, against the median of the other ranks."""
+
+    block: int = 32
+    """Steps per block: a block median of 32 per-step timings is within ~0.2 sigma of the rank's level (its
+    standard error is 1.25 sigma / sqrt(32)), and blocks are only judged once complete, so streaming equals
+    offline."""
+    min_cost: float = 0.04
+    """The rank's excess must cost at least 4% of the step time (synchronous training waits for it every step):
+    BLOOM lost 5% of its throughput to one slow GPU; below 4% host jitter and real work differences dominate."""
+    warn_cost: float = 0.10
+    """From 10% of the step time lost it is a warning (a page-worthy waste on a large job); below, info."""
+    z: float = 6.0
+    """The excess must also be this many standard errors of the difference of the two block medians (the
+    rank's and the others'): far past what two medians of 32 noisy timings differ by from chance."""
+    rel_noise_floor: float = 0.01
+    """Timing noise is never taken below 1% of the section's median (a block of identical timer readings has
+    a MAD of zero)."""
+    persist_blocks: int = 3
+    """Consecutive slow blocks (96 steps) before a rank is a straggler: a one-off slow stretch (a GC pause, a
+    neighbour's burst) is not a slow node."""
+    recovery_blocks: int = 2
+    """Consecutive normal blocks that end a straggler episode."""
+    anchor_score: float = 0.75
+    """nvidia-resiliency-ext's relative performance score threshold (reference median / rank median below
+    0.75 is a straggler); reported in the evidence as ``score`` for comparison, not used to decide."""
+
+    def __post_init__(self) -> None:
+        _check(self.block >= 4, f"block must be >= 4, got {self.block}")
+        _check(0 < self.min_cost <= self.warn_cost, "need 0 < min_cost <= warn_cost")
+        _check(self.z > 0 and self.rel_noise_floor > 0, "z and rel_noise_floor must be > 0")
+        _check(self.persist_blocks >= 1 and self.recovery_blocks >= 1, "persist_blocks and recovery_blocks must be >= 1")
+
+
+@dataclass(kw_only=True, frozen=True)
+class DisagreementConfig:
+    """Rank disagreement: replicated values (the all-reduced gradient norm, parameter checksums) that differ
+    between data-parallel replicas."""
+
+    grad_rtol: float = 1e-4
+    """Relative tolerance on the gradient norm. Replicas hold bit-identical gradients after the all-reduce,
+    and the same kernels on the same data give the same norm; a float32 sum of 10^9 squares in another order
+    differs by at most ~log2(1e9) * 2^-24 = 1.8e-6 (pairwise summation), so 1e-4 is 50x that margin and far
+    below any corruption that moves training."""
+    param_rtol: float = 0.0
+    """Relative tolerance on the parameter checksum: none. DDP broadcasts the parameters at start and identical
+    gradients give identical updates, so replicas stay bit-identical; any difference is drift (Adam's update
+    hardly changes when one replica's gradients are scaled, so only an exact comparison sees it)."""
+
+    def __post_init__(self) -> None:
+        _check(0 <= self.grad_rtol < 1 and 0 <= self.param_rtol < 1, "grad_rtol and param_rtol must be in [0, 1)")
+
+
+@dataclass(kw_only=True, frozen=True)
 class AdviceConfig:
     """Rollback advice: which checkpoint, which batches, and when findings stop being alarms."""
 
@@ -293,6 +354,8 @@ class DetectorConfig:
     stall: StallConfig = field(default_factory=StallConfig)
     slowdown: SlowdownConfig = field(default_factory=SlowdownConfig)
     bad_resume: BadResumeConfig = field(default_factory=BadResumeConfig)
+    straggler: StragglerConfig = field(default_factory=StragglerConfig)
+    disagreement: DisagreementConfig = field(default_factory=DisagreementConfig)
     advice: AdviceConfig = field(default_factory=AdviceConfig)
 
 

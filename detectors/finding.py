@@ -53,6 +53,11 @@ class Finding:
     """Numbers behind the finding (baseline, peak, ratios, thresholds)."""
     message: str = ""
     """One line for a human at 3 a.m."""
+    rank: int | None = None
+    """The rank it is about (a straggler, a rank that stalled or disagrees, a NaN on one rank's shard);
+    None when it is about the whole run (every rank saw it)."""
+    host: str | None = None
+    """The host of ``rank`` in that segment (from ``run.json``), when known."""
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:

@@ -21,11 +21,15 @@ class DetectorSpec:
     """``module:Class`` under ``runwatch.detectors``."""
     series: str
     """The observations it reads: 'loss' (rows with a loss), 'scale' (rows with a loss scale or a skip flag),
-    'time' (rows with a wall time), 'step_time', or 'rows' (every row)."""
+    'time' (rows with a wall time), 'step_time', 'rows' (every row), or 'ranks' (a fleet detector's steps that
+    every rank of the segment logged, one column per rank)."""
     can_need_rollback: bool
     """Whether a finding of this kind can call for a rollback (speed problems never do)."""
     performance: bool = False
     """A speed finding (shown with the step-time chart rather than the loss)."""
+    scope: str = "rank"
+    """'rank': judges one rank's segment (``segment_scan``); 'fleet': compares the ranks of a segment
+    step by step (``fleet``), its series 'ranks' holds one column per rank."""
 
 
 REGISTRY: tuple[DetectorSpec, ...] = (
@@ -36,11 +40,14 @@ REGISTRY: tuple[DetectorSpec, ...] = (
     DetectorSpec("nan", "nan:NanScanner", "rows", True),
     DetectorSpec("stall", "stall:StallScanner", "time", False, performance=True),
     DetectorSpec("slowdown", "slowdown:SlowdownScanner", "step_time", False, performance=True),
+    DetectorSpec("straggler", "straggler:StragglerScanner", "ranks", False, performance=True, scope="fleet"),
+    DetectorSpec("rank_disagreement", "rank_disagreement:DisagreementScanner", "ranks", True, scope="fleet"),
 )
 
 KINDS: tuple[str, ...] = tuple(d.kind for d in REGISTRY)
 NO_ROLLBACK_KINDS: frozenset[str] = frozenset(d.kind for d in REGISTRY if not d.can_need_rollback)
 PERFORMANCE_KINDS: frozenset[str] = frozenset(d.kind for d in REGISTRY if d.performance)
+FLEET_KINDS: tuple[str, ...] = tuple(d.kind for d in REGISTRY if d.scope == "fleet")
 
 
 @cache

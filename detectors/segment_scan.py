@@ -38,13 +38,7 @@ class SegmentDetectors:
                  checkpoint_seconds: dict[int, float] | None = None, history: dict[str, np.ndarray] | None = None,
                  resume_step: int | None = None) -> None:
         self.segment, self.pos = segment, 0
-        ckpt = sorted((k, v) for k, v in (checkpoint_seconds or {}).items() if not np.isnan(v))
-        # Checkpoints of unknown write time (a text log's "saving checkpoint"): the interval around one may
-        # hold a save and an eval of any length, so the stall rule falls back to the whole-interval ratio there.
-        self._unknown_ckpt = np.array(sorted(k for k, v in (checkpoint_seconds or {}).items() if np.isnan(v)),
-                                      dtype=np.int64)
-        self._ckpt_steps = np.array([k for k, _ in ckpt], dtype=np.int64)
-        self._ckpt_cum = np.concatenate([[0.0], np.cumsum([v for _, v in ckpt])])
+        self.set_pause_seconds(checkpoint_seconds or {})
         self.buf = {name: {col: Grow(np.int64 if col in _INT else (np.bool_ if col in _BOOL else np.float64))
                            for col in cols} for name, cols in SERIES.items()}
         num_history = 0
@@ -56,9 +50,21 @@ class SegmentDetectors:
         self.logged_step_time = False  # once a row logs step_time, it is the source; else derive it from time
         self.scanners = {}
         for spec in REGISTRY:
+            if spec.scope != "rank":
+                continue  # fleet detectors compare ranks (``fleet``), not one rank's rows
             ctx = ScanContext(segment=segment, config=config, meta=meta or {},
                               history=num_history if spec.series == "loss" else 0, resume_step=resume_step)
             self.scanners[spec.kind] = (spec.series, scanner_class(spec.kind)(ctx))
+
+    def set_pause_seconds(self, checkpoint_seconds: dict[int, float]) -> None:
+        """Known pauses by step (checkpoint writes, evaluations) the stall rule allows for in the rows not yet
+        taken: a live run's checkpoint event lands after the segment started, before the rows after the save."""
+        ckpt = sorted((k, v) for k, v in checkpoint_seconds.items() if not np.isnan(v))
+        # Checkpoints of unknown write time (a text log's "saving checkpoint"): the interval around one may
+        # hold a save and an eval of any length, so the stall rule falls back to the whole-interval ratio there.
+        self._unknown_ckpt = np.array(sorted(k for k, v in checkpoint_seconds.items() if np.isnan(v)), dtype=np.int64)
+        self._ckpt_steps = np.array([k for k, _ in ckpt], dtype=np.int64)
+        self._ckpt_cum = np.concatenate([[0.0], np.cumsum([v for _, v in ckpt])])
 
     def views(self, series: str) -> dict[str, np.ndarray]:
         return {col: grow.view for col, grow in self.buf[series].items()}

@@ -107,9 +107,9 @@ class StallScanner:
         return out
 
 
-def live_stall(steps: np.ndarray, times: np.ndarray, now: float, segment: int,
-               cfg: StallConfig = StallConfig()) -> Finding | None:
-    """A stall in progress: the newest row is older than the run's own rhythm allows."""
+def expected_wait(steps: np.ndarray, times: np.ndarray) -> float | None:
+    """Seconds between two logged rows at the run's recent rhythm (per-step time x logging interval), or None
+    before three timed rows."""
     ok = np.isfinite(times)
     if ok.sum() < 3:
         return None
@@ -118,11 +118,25 @@ def live_stall(steps: np.ndarray, times: np.ndarray, now: float, segment: int,
     recent = slice(max(1, len(steps) - 64), len(steps))
     per_step = float(np.nanmedian(dt[recent])) if np.isfinite(dt[recent]).any() else math.nan
     spacing = float(np.median(num_steps[recent]))
-    if not math.isfinite(per_step):
+    return max(per_step * spacing, 0.0) if math.isfinite(per_step) else None
+
+
+def is_live_stall(silence: float, expected: float, cfg: StallConfig, allowance: float = 0.0) -> bool:
+    """The live rule: silent for more than ``ratio`` x the expected wait and ``live_min_seconds`` (plus a
+    known pause such as the longest checkpoint write), and not so long that the run is over."""
+    return max(cfg.ratio * expected, cfg.live_min_seconds) + allowance < silence <= cfg.live_max_seconds
+
+
+def live_stall(steps: np.ndarray, times: np.ndarray, now: float, segment: int,
+               cfg: StallConfig = StallConfig()) -> Finding | None:
+    """A stall in progress: the newest row is older than the run's own rhythm allows."""
+    expected = expected_wait(steps, times)
+    if expected is None:
         return None
-    expected = max(per_step * spacing, 0.0)
+    steps = steps[np.isfinite(times)]
+    times = times[np.isfinite(times)]
     silence = now - float(times[-1])
-    if silence <= max(cfg.ratio * expected, cfg.live_min_seconds) or silence > cfg.live_max_seconds:
+    if not is_live_stall(silence, expected, cfg):
         return None
     return Finding(
         kind="stall", onset_step=int(steps[-1]), end_step=int(steps[-1]), peak_step=int(steps[-1]),

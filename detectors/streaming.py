@@ -25,6 +25,7 @@ from runwatch.detectors.analysis import Report, assemble, checkpoint_seconds
 from runwatch.detectors.config import DEFAULT, DetectorConfig
 from runwatch.detectors.core import Grow
 from runwatch.detectors.finding import Finding, SegmentInfo
+from runwatch.detectors.rank_stall import pause_seconds
 from runwatch.detectors.segment_scan import SegmentDetectors
 from runwatch.detectors.segments import (
     FLOAT_COLUMNS,
@@ -86,6 +87,12 @@ class StreamingAnalyzer:
                                  {k: v for k, v in event.items() if k not in ("event", "step", "time", "segment", "rank")})
         self._events.append({"segment": event.get("segment"), "rank": event.get("rank", 0), "event": event["event"],
                              "step": int(event["step"]), "time": event.get("time"), "payload": payload})
+        if event["event"] in ("checkpoint", "note") and self._segments:
+            # A pause logged while a segment runs applies to its rows not judged yet (the rows after the save).
+            pauses = pause_seconds(checkpoint_seconds(self._checkpoints()), self._events)
+            for buf in self._segments.values():
+                if buf.detectors is not None:
+                    buf.detectors.set_pause_seconds(pauses)
 
     def _checkpoints(self) -> list[dict]:
         return checkpoints_from_events(pa.Table.from_pylist(self._events) if self._events else None)
@@ -124,7 +131,7 @@ class StreamingAnalyzer:
         history, resume_step = parent_history(buf.segment, int(buf.cols["step"].view[0]),
                                               {**earlier, buf.segment: buf.views()}, resume, findings)
         return SegmentDetectors(buf.segment, self.config, meta=self.meta,
-                                checkpoint_seconds=checkpoint_seconds(self._checkpoints()),
+                                checkpoint_seconds=pause_seconds(checkpoint_seconds(self._checkpoints()), self._events),
                                 history=history, resume_step=resume_step)
 
     def _append(self, row: Mapping[str, object]) -> _SegmentBuffer:

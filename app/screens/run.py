@@ -14,7 +14,7 @@ import time
 import pandas as pd
 import streamlit as st
 
-from runwatch.app import escape, lifecycle, run_charts, run_oncall, state, views
+from runwatch.app import escape, lifecycle, rank_view, run_charts, run_oncall, state, views
 from runwatch.app.checkpoint_panel import checkpoint_panel
 from runwatch.app.oncall import read_oncall
 
@@ -119,6 +119,7 @@ def run_page(root_dir: str) -> None:
         _rollback_card(card, run, report, state.get_store(root_dir).meta(run))
     st.code(run_charts.page_link(run, request.steps, request.x), language=None)
     st.caption("Link to this view (copy button at the right): the run at this step range.")
+    rank_view.render(root_dir, run, report, sig)
     segments = state.load_segments(root_dir, run, sig)
     latest = max(s["segment"] for s in segments)
     findings = list(getattr(report, "findings", []) or [])

@@ -16,7 +16,7 @@ def _run(*args: str, cwd=None) -> subprocess.CompletedProcess:
     return subprocess.run([*RUNWATCH, *args], capture_output=True, text=True, cwd=cwd, timeout=120)
 
 
-@pytest.mark.parametrize("command", ["import", "runs", "compact", "check", "dashboard", "demo"])
+@pytest.mark.parametrize("command", ["import", "runs", "compact", "check", "watch", "dashboard", "demo"])
 def test_every_command_has_help(command):
     out = _run(command, "--help")
     assert out.returncode == 0 and "usage: runwatch" in out.stdout and "--root" in out.stdout

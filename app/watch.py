@@ -1,0 +1,220 @@
+"""``runwatch watch``: follow every live run under a root and message the on-call engineer about findings.
+
+Long-running (a systemd service): a ``RunFollower`` tails the root with
+watchdog (inotify; ``--poll`` for network filesystems) and judges each run
+with the streaming analyser when its files change, and every ``--interval``
+seconds for stalls (silence has no file event). Each new finding that needs
+attention is one message, each resolution another (``alerts.AlertBook``:
+deduplicated, with a cool-down); a ``notify.Sender`` thread delivers them, so
+a notifier that is down never holds up the watching, and the state file keeps
+what is undelivered.
+
+``--once`` (cron): one pass with ``judge_run`` over the live runs and those
+with an open alert, delivery with a few retries, the state saved; exit 0 all
+healthy, 1 a run needs action (or stalled), 2 an error. The state file
+(``--state``, default ``ROOT/watch-state.json``: beside the runs, outside
+every ``**/*.parquet`` glob) makes a cron job page once per finding, not once
+per pass. One watch per state file at a time (an exclusive lock).
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from runwatch.app.alerts import AlertBook, AlertConfig
+from runwatch.app.judge import is_live, judge_run
+from runwatch.app.notify import Notifier, Sender, backoff, deliver_due
+from runwatch.data.roots import is_url
+from runwatch.data.storage import list_runs, read_run_meta
+from runwatch.data.store import Store, StoreError
+
+EXIT_OK, EXIT_ACTION, EXIT_ERROR = 0, 1, 2
+STATE_NAME = "watch-state.json"
+ONCE_ATTEMPTS = 3
+"""Delivery attempts per message within one ``--once`` pass (1 s, then 2 s apart); the rest wait for the next."""
+
+
+@dataclass(kw_only=True, frozen=True)
+class WatchConfig:
+    """``runwatch watch``'s settings, as the command line gives them."""
+
+    root: Path
+    """The runwatch root to follow."""
+    notify: tuple[str, ...] = ()
+    """apprise URLs to message (none: judge and keep the state only)."""
+    once: bool = False
+    """One pass, then exit (cron)."""
+    state: Path | None = None
+    """The state file (default ``ROOT/watch-state.json``)."""
+    interval_s: float = 5.0
+    """How often runs without new files are judged again (a stall makes no file event)."""
+    poll_s: float | None = None
+    """Poll the root every N seconds instead of inotify (network filesystems, where inotify sees nothing)."""
+    resync_s: float = 300.0
+    """How often every run's directory is listed anyway (a dropped file event is caught by then)."""
+    alerts: AlertConfig = AlertConfig()
+
+    def __post_init__(self) -> None:
+        if not self.root.is_dir():
+            raise ValueError(f"{self.root}: no such directory (expected a runwatch root)")
+        if not self.interval_s > 0 or not self.resync_s > 0 or (self.poll_s is not None and not self.poll_s > 0):
+            raise ValueError("--interval, --poll and the resync period must be > 0 seconds")
+
+    @property
+    def state_path(self) -> Path:
+        return self.state if self.state is not None else self.root / STATE_NAME
+
+
+@contextmanager
+def state_lock(path: Path) -> Iterator[None]:
+    """Hold the state file's lock (one watch per state), or fail at once naming the file."""
+    try:
+        import fcntl
+    except ImportError:  # no advisory locks (Windows): run one watch per state by hand
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "a") as lock:
+        try:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as err:
+            raise RuntimeError(f"{path}: another runwatch watch holds this state file") from err
+        yield
+
+
+def _watched(meta: dict) -> bool:
+    """Archived imports are not on call; recorded runs are."""
+    return not str(meta.get("source") or "").startswith("import")
+
+
+def run_once(cfg: WatchConfig, book: AlertBook, notifier: Notifier, out=sys.stdout, err=sys.stderr) -> int:
+    """One pass for cron; see the module docstring."""
+    judged, action, errors = 0, 0, 0
+    reopen = book.open_runs()
+    with Store(cfg.root) as store:
+        for run in list_runs(cfg.root):
+            try:
+                meta = read_run_meta(cfg.root, run)
+                if not _watched(meta) or not store.has_run(run):
+                    continue
+                if run not in reopen and not is_live(meta, store.events(run)):
+                    continue
+                report = judge_run(store, run)
+            except (ValueError, OSError, StoreError) as exc:
+                errors += 1
+                print(f"runwatch watch: {run}: {exc}", file=err)
+                continue
+            judged += 1
+            action += report.health in ("action needed", "stalled")
+            book.update(run, report)
+    lock = threading.Lock()
+    sent = deliver_due(book, notifier, lock, force=True)
+    for attempt in range(1, ONCE_ATTEMPTS):
+        if not book.outbox:
+            break
+        time.sleep(backoff(attempt))
+        sent += deliver_due(book, notifier, lock, force=True)
+    book.save(cfg.state_path)
+    print(f"runwatch watch: {judged} run(s) judged, {action} need action; {sent} message(s) delivered, "
+          f"{len(book.outbox)} waiting", file=out)
+    if book.outbox:
+        print(f"runwatch watch: {len(book.outbox)} message(s) could not be delivered; kept in {cfg.state_path} "
+              "for the next pass", file=err)
+    return EXIT_ERROR if errors else EXIT_ACTION if action else EXIT_OK
+
+
+class Watcher:
+    """The long-running watch: file events and ticks in, alerts out (see the module docstring)."""
+
+    def __init__(self, cfg: WatchConfig, book: AlertBook, notifier: Notifier) -> None:
+        from runwatch.app.follow import RunFollower
+
+        self.cfg, self.book = cfg, book
+        self.lock = threading.RLock()
+        self.follower = RunFollower(cfg.root, poll_seconds=cfg.poll_s)
+        self.sender = Sender(book, notifier, self.lock, on_change=self.save)
+        self._stop = threading.Event()
+        self.num_judgements = 0
+
+    def save(self) -> None:
+        with self.lock:
+            self.book.save(self.cfg.state_path)
+
+    def judge(self, runs: set[str], now: float | None = None) -> int:
+        """Judge the runs with the streaming analyser and queue their messages; returns how many."""
+        queued = 0
+        for run in sorted(runs):
+            fr = self.follower.runs.get(run)
+            if fr is None or not _watched(fr.meta) or run in self.follower.errors:
+                continue
+            report = self.follower.report(run, now)
+            self.num_judgements += 1
+            with self.lock:
+                queued += self.book.update(run, report, now)
+        if queued:
+            self.save()  # before sending: a crash now loses nothing
+            self.sender.wake()
+        return queued
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run(self) -> None:
+        self.sender.start()
+        self.follower.start()
+        self.judge(set(self.follower.runs))
+        next_tick = time.monotonic() + self.cfg.interval_s
+        next_resync = time.monotonic() + self.cfg.resync_s
+        while not self._stop.is_set():
+            paths = self.follower.drain(timeout=max(next_tick - time.monotonic(), 0.0))
+            changed = self.follower.sync_paths(paths) if paths else set()
+            if time.monotonic() >= next_resync:
+                changed |= self.follower.sync(list_runs(self.cfg.root))
+                next_resync = time.monotonic() + self.cfg.resync_s
+            if time.monotonic() >= next_tick:
+                # Silence has no file event: every run that can still stall, or has an alert open, is judged.
+                changed |= {r for r, fr in self.follower.runs.items() if fr.meta.get("finished") is not True}
+                changed |= self.book.open_runs() & set(self.follower.runs)
+                next_tick = time.monotonic() + self.cfg.interval_s
+            self.judge(changed)
+        self.follower.stop()
+        self.sender.stop()
+        self.save()
+
+
+def build_config(args: argparse.Namespace) -> WatchConfig:
+    if is_url(args.root):
+        raise ValueError(f"--root {args.root}: runwatch watch follows a local or mounted root; for an object-store "
+                         "root run `runwatch check --root URL --all` from cron (exit 1 when a run needs action)")
+    return WatchConfig(root=Path(args.root).expanduser().resolve(), notify=tuple(args.notify or ()), once=args.once,
+                       state=Path(args.state).expanduser() if args.state else None, interval_s=args.interval,
+                       poll_s=args.poll, alerts=AlertConfig(cooldown_s=args.cooldown, dashboard_url=args.dashboard_url))
+
+
+def main(args: argparse.Namespace) -> int:
+    """Entry point of ``runwatch watch``."""
+    cfg = build_config(args)
+    notifier = Notifier(cfg.notify)
+    with state_lock(cfg.state_path):
+        book = AlertBook.load(cfg.state_path, cfg.alerts, cfg.notify)
+        if cfg.once:
+            return run_once(cfg, book, notifier)
+        watcher = Watcher(cfg, book, notifier)
+        # systemd stops a service with SIGTERM: finish the current pass and save the state.
+        signal.signal(signal.SIGTERM, lambda signum, frame: watcher.stop())
+        print(f"runwatch watch: following {cfg.root} ({'polling every %g s' % cfg.poll_s if cfg.poll_s else 'inotify'}), "
+              f"{len(cfg.notify)} target(s), state {cfg.state_path}; Ctrl-C stops it", flush=True)
+        try:
+            watcher.run()
+        except KeyboardInterrupt:
+            watcher.stop()
+            watcher.save()
+        return EXIT_OK

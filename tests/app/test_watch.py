@@ -1,0 +1,164 @@
+"""``runwatch watch`` end to end: real runs under Monitor, the real CLI, a real HTTP server receiving the JSON webhook.
+
+One message per finding, one when it resolves; nothing repeated inside the cool-down or across ``--once``
+passes; a notifier that is down loses nothing and repeats nothing once it is back, in both modes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.app.webhook import Webhook, train_run
+
+RUNWATCH = [sys.executable, "-m", "runwatch.app.cli"]
+
+
+def _once(root: Path, hook: Webhook, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*RUNWATCH, "watch", "--root", str(root), "--once", "--notify", hook.url, *extra],
+                          capture_output=True, text=True, timeout=180)
+
+
+def _state(root: Path) -> dict:
+    return json.loads((root / "watch-state.json").read_text())
+
+
+def test_once_passes_page_once_survive_an_outage_and_resolve(tmp_path: Path) -> None:
+    root, ckpt = tmp_path / "runs", tmp_path / "ckpt"
+    hook = Webhook()  # not started: the notifier is down
+    train_run(root, "gpt", 60, nan_at=45, ckpt_dir=ckpt)
+    train_run(root, "healthy", 60, ckpt_dir=ckpt)
+    first = _once(root, hook, "--dashboard-url", "http://dash.example:8501")
+    assert first.returncode == 1, first.stderr  # action needed
+    assert "could not be delivered" in first.stderr and "Traceback" not in first.stderr
+    state = _state(root)
+    assert len(state["outbox"]) == 1 and state["counters"]["failed_attempts"] == 3
+    assert oct((root / "watch-state.json").stat().st_mode & 0o777) == "0o600"
+    assert hook.url not in (root / "watch-state.json").read_text()  # the target's secret is never stored
+
+    second = _once(root, hook)  # still down: the same message waits, no second copy is queued
+    assert second.returncode == 1 and len(_state(root)["outbox"]) == 1
+
+    hook.start()
+    try:
+        third = _once(root, hook)
+        assert third.returncode == 1 and "1 message(s) delivered, 0 waiting" in third.stdout
+        (msg,) = hook.received
+        body = msg["body"]
+        assert body["title"] == "[runwatch] ACTION gpt: nan" and body["type"] == "failure"
+        assert set(body) >= {"version", "title", "message", "type"}
+        text = body["message"]
+        assert "onset: step 45" in text and "non-finite" in text and "resume: --resume" in text
+        assert "dashboard: http://dash.example:8501/run?run=gpt" in text
+        assert _state(root)["counters"]["delivered_after_retry"] == 1
+
+        assert _once(root, hook).returncode == 1
+        assert len(hook.received) == 1  # the next pass remembers it: one page per finding, not per pass
+
+        train_run(root, "gpt", 30, resume=(40, ckpt / "gpt-40.pt"))  # the on-call engineer rolled back
+        fifth = _once(root, hook)
+        assert fifth.returncode == 0, fifth.stdout + fifth.stderr
+        assert hook.titles()[1:] == ["[runwatch] RESOLVED gpt: nan"]
+        assert hook.received[1]["body"]["type"] == "success"
+        assert _once(root, hook).returncode == 0 and len(hook.received) == 2
+    finally:
+        hook.stop()
+
+
+def test_a_finding_that_comes_back_inside_the_cooldown_is_held(tmp_path: Path) -> None:
+    root, ckpt = tmp_path / "runs", tmp_path / "ckpt"
+    hook = Webhook().start()
+    try:
+        train_run(root, "gpt", 60, nan_at=45, ckpt_dir=ckpt)
+        assert _once(root, hook).returncode == 1
+        train_run(root, "gpt", 30, resume=(40, ckpt / "gpt-40.pt"), ckpt_dir=ckpt)
+        assert _once(root, hook).returncode == 0
+        # It happens again right after the rollback: same run, same kind, inside the half-hour cool-down.
+        train_run(root, "gpt", 40, nan_at=80, resume=(60, ckpt / "gpt-60.pt"), ckpt_dir=ckpt)
+        assert _once(root, hook).returncode == 1
+        assert hook.titles() == ["[runwatch] ACTION gpt: nan", "[runwatch] RESOLVED gpt: nan"]
+        assert _state(root)["counters"]["held_by_cooldown"] == 1
+        # With no cool-down the second incident is its own page.
+        (root / "watch-state.json").unlink()
+        assert _once(root, hook, "--cooldown", "0").returncode == 1
+        assert hook.titles()[-1] == "[runwatch] ACTION gpt: nan" and len(hook.received) == 3
+    finally:
+        hook.stop()
+
+
+def _start_watch(root: Path, hook: Webhook) -> subprocess.Popen:
+    return subprocess.Popen([*RUNWATCH, "watch", "--root", str(root), "--notify", hook.url, "--interval", "0.5"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _stop(proc: subprocess.Popen) -> str:
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, out
+    return out
+
+
+def test_the_service_sends_one_alert_and_one_resolve_and_survives_an_outage(tmp_path: Path) -> None:
+    root, ckpt = tmp_path / "runs", tmp_path / "ckpt"
+    train_run(root, "healthy", 60, ckpt_dir=ckpt)
+    hook = Webhook()  # down when the finding lands
+    proc = _start_watch(root, hook)
+    try:
+        time.sleep(3)  # the watch is up and has judged what was there
+        landed = time.time()
+        train_run(root, "gpt", 60, nan_at=45, ckpt_dir=ckpt)
+        time.sleep(4)  # it retries with back-off meanwhile
+        assert hook.received == []
+        hook.start()
+        (alert,) = hook.wait_for(1, timeout=60)  # delivered by a retry (back-off at most a few seconds here)
+        assert alert["body"]["title"] == "[runwatch] ACTION gpt: nan" and alert["at"] > landed
+        train_run(root, "gpt", 30, resume=(40, ckpt / "gpt-40.pt"))
+        hook.wait_for(2, timeout=30)
+        time.sleep(3)  # more ticks and file events: nothing is sent twice
+        assert hook.titles() == ["[runwatch] ACTION gpt: nan", "[runwatch] RESOLVED gpt: nan"]
+    finally:
+        out = _stop(proc)
+        hook.stop()
+    state = _state(root)
+    assert state["counters"]["alerts"] == 1 and state["counters"]["resolves"] == 1
+    assert state["counters"]["failed_attempts"] >= 1 and state["outbox"] == []
+    assert "Traceback" not in out
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--notify", "notaurl"], "not a notification URL apprise understands"),
+    (["--notify", "json://127.0.0.1:1/x", "--dashboard-url", "javascript:alert(1)"], "must be an http(s) URL"),
+    (["--interval", "0"], "must be > 0"),
+])
+def test_bad_options_are_one_line_and_exit_2(tmp_path: Path, args: list[str], message: str) -> None:
+    out = subprocess.run([*RUNWATCH, "watch", "--root", str(tmp_path), "--once", *args], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr
+
+
+def test_an_object_store_root_is_refused_with_the_command_to_use(tmp_path: Path) -> None:
+    out = subprocess.run([*RUNWATCH, "watch", "--root", "s3://lab-runs/gpt-7b", "--once"], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 2 and "check --root URL --all" in out.stderr and "Traceback" not in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_a_second_watch_on_the_same_state_is_refused(tmp_path: Path) -> None:
+    hook = Webhook().start()
+    proc = _start_watch(tmp_path, hook)
+    try:
+        time.sleep(2.5)
+        out = subprocess.run([*RUNWATCH, "watch", "--root", str(tmp_path), "--once"], capture_output=True, text=True,
+                             timeout=60)
+        assert out.returncode == 2 and "another runwatch watch holds this state file" in out.stderr
+    finally:
+        _stop(proc)
+        hook.stop()
+    assert os.path.exists(tmp_path / "watch-state.json")
