@@ -28,8 +28,8 @@ import streamlit as st
 
 from runwatch.app import escape, lifecycle
 from runwatch.app.findings import read_findings, signature_of
-from runwatch.app.oncall import read_oncall
 from runwatch.app.follow import RunFollower
+from runwatch.app.oncall import read_oncall
 from runwatch.app.serve import ROOT_ENV
 from runwatch.data.changes import listed_signatures
 from runwatch.data.roots import is_url, open_root
