@@ -199,18 +199,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_delegate("runwatch.app.oncall", "main_silence"))
 
     p = sub.add_parser("watch", help="follow live runs and message the on-call engineer about findings",
-                       description="Follow every live run under ROOT (watchdog) with the streaming analyser and send one "
+                       description="Follow every live run under ROOT (watchdog; an object store by listing) with the streaming analyser and send one "
                                    "message per new finding that needs attention and one when it resolves, through "
                                    "apprise. --once: one pass for cron; exit 0 healthy, 1 action needed, 2 error.")
     root_arg(p)
     p.add_argument("--notify", action="append", metavar="URL",
                    help="apprise URL to message (repeatable): json://host:port/path, slack://..., pagerduty://...")
     p.add_argument("--once", action="store_true", help="one pass, then exit (for cron)")
-    p.add_argument("--state", metavar="PATH", help="state file (default ROOT/watch-state.json)")
+    p.add_argument("--state", metavar="PATH",
+                   help="state file (default ROOT/watch-state.json; required, and local, for an object-store root)")
     p.add_argument("--dashboard-url", metavar="URL", help="dashboard base URL; messages link the run's page")
     p.add_argument("--interval", type=float, default=5.0, metavar="SECONDS",
                    help="judge runs without new files this often, for stalls (default 5)")
-    p.add_argument("--poll", type=float, metavar="SECONDS", help="poll the root instead of inotify (network filesystems)")
+    p.add_argument("--poll", type=float, metavar="SECONDS",
+                   help="poll the root instead of inotify (network filesystems); how often an object-store root is "
+                        "listed (default 10)")
     p.add_argument("--cooldown", type=float, default=1800.0, metavar="SECONDS",
                    help="hold back a repeat alert for the same run, kind and rank this long (default 1800)")
     p.set_defaults(func=_delegate("runwatch.app.watch"))

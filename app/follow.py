@@ -1,11 +1,15 @@
-"""``RunFollower``: every run under a root, followed file by file with watchdog and judged by the streaming analyser.
+"""``RunFollower``: every run under a root, followed file by file and judged by the streaming analyser.
 
-Shared by ``runwatch watch`` and the dashboard. A watchdog observer (inotify,
-or polling for network filesystems) reports each file the writers rename into
-place; the follower reads each new metrics file once and feeds its rows to
-the run's ``FleetStreamingAnalyzer``, each new events file's events before
-them, and keeps ``run.json`` and the heartbeats current. A report is then
-the streaming analyser's, equal to ``judge_run``'s on the same files.
+Shared by ``runwatch watch`` and the dashboard. On a local root a watchdog
+observer (inotify, or polling for network filesystems) reports each file the
+writers rename into place; an object store sends no events, so there the
+root is listed every ``poll_seconds`` (``data.changes.ListingChanges``) and
+the runs whose signature changed are listed again. Either way the follower
+reads each new metrics file once (through the root's ``Root``: a path or an
+object) and feeds its rows to the run's ``FleetStreamingAnalyzer``, each new
+events file's events before them, and keeps ``run.json`` and the heartbeats
+current. A report is then the streaming analyser's, equal to ``judge_run``'s
+on the same files.
 
 When the files say the past changed (a compaction deleted parts, rows or an
 event arrived for steps already judged), the run is read again from scratch:
@@ -26,23 +30,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from runwatch.app.judge import is_live, present_checkpoint_paths
+from runwatch.data.changes import ListingChanges
 from runwatch.data.record import EVENTS_SCHEMA
-from runwatch.data.storage import HEARTBEAT, RUN_META, list_runs, read_heartbeats, read_run_meta
+from runwatch.data.roots import is_url, open_root, segment_rank
+from runwatch.data.storage import HEARTBEAT, RUN_META, read_heartbeats
 from runwatch.detectors.advisor import checkpoints_from_events
 from runwatch.detectors.analysis import Report
 from runwatch.detectors.config import DetectorConfig
 from runwatch.detectors.fleet_analysis import FleetStreamingAnalyzer, event_row
-
-
-def _partition(path: Path) -> tuple[int, int] | None:
-    """(segment, rank) of a file inside ``run=<id>/segment=<k>/rank=<r>/``."""
-    try:
-        seg, rank = path.parent.parent.name, path.parent.name
-        if seg.startswith("segment=") and rank.startswith("rank="):
-            return int(seg[8:]), int(rank[5:])
-    except ValueError:
-        pass
-    return None
 
 
 def _read_json(path: Path) -> dict | None:
@@ -51,6 +46,15 @@ def _read_json(path: Path) -> dict | None:
     except (OSError, ValueError):
         return None
     return value if isinstance(value, dict) else None
+
+
+def _name(path: str) -> str:
+    return path.replace("\\", "/").rsplit("/", 1)[-1]
+
+
+def _key(path: str) -> str:
+    """A part's name within its run, ``segment=<k>/rank=<r>/<file>``: the same for a path and an object URL."""
+    return "/".join(path.replace("\\", "/").split("/")[-3:])
 
 
 def run_of(root: Path, path: Path) -> str | None:
@@ -80,11 +84,14 @@ class FollowedRun:
 class RunFollower:
     """Follows every run under ``root``; see the module docstring."""
 
+    LISTING_SECONDS = 10.0
+    """How often an object-store root is listed when ``poll_seconds`` is not given (one LIST per 1,000 keys)."""
+
     def __init__(self, root: str | Path, *, config: DetectorConfig | None = None, poll_seconds: float | None = None,
                  on_change: Callable[[set[str]], None] | None = None) -> None:
-        self.root = Path(root).resolve()
-        if not self.root.is_dir():
-            raise ValueError(f"{root}: no such directory (expected a runwatch root)")
+        self.local = not is_url(root)
+        self.source = open_root(root)  # a missing local directory is a ValueError naming it
+        self.root: Path | str = Path(root).resolve() if self.local else str(root)
         self.config, self.poll_seconds, self.on_change = config, poll_seconds, on_change
         self.runs: dict[str, FollowedRun] = {}
         self.errors: dict[str, str] = {}  # run -> why its files could not be read (retried on its next event)
@@ -93,11 +100,18 @@ class RunFollower:
         self.num_rebuilds = 0
         self.generation = 0  # counts every change of any run: versions are unique and only grow
         self._observer = None
+        self._listing: ListingChanges | None = None
+        self.listing_error: str | None = None  # why the object store's latest listing failed (None: it worked)
 
     # -- file events ------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start watching (inotify, or polling every ``poll_seconds``) and read what is already there."""
+        """Start watching (inotify, or polling every ``poll_seconds``; listing for an object store) and read
+        what is already there."""
+        if not self.local:
+            self._listing = ListingChanges(self.root, self.poll_seconds or self.LISTING_SECONDS)
+            self.sync(self._listing.poll())
+            return
         from watchdog.events import FileSystemEventHandler
         from watchdog.observers import Observer
         from watchdog.observers.polling import PollingObserver
@@ -120,9 +134,34 @@ class RunFollower:
         observer.daemon = True
         observer.start()
         self._observer = observer
-        self.sync(list_runs(self.root))
+        self.sync(self.source.runs())
+
+    def changes(self, timeout: float) -> set[str]:
+        """Wait up to ``timeout`` seconds for runs to change and take the change in; the runs whose data
+        changed. Local: the file events. Object store: a listing when one is due (at most every
+        ``poll_seconds``), then only the runs whose files changed are listed again."""
+        if self._listing is None:
+            paths = self.drain(timeout=timeout)
+            return self.sync_paths(paths) if paths else set()
+        if self._listing.due_in() > timeout:
+            time.sleep(max(timeout, 0.0))
+            return set()
+        time.sleep(self._listing.due_in())
+        try:
+            changed = self._listing.poll()
+        except (OSError, ValueError) as err:  # an outage: every run is compared again at the next poll
+            self.listing_error = f"listing {self.root}: {type(err).__name__}: {err}"
+            return set()
+        self.listing_error = None
+        return self.sync(changed)
+
+    def resync(self) -> set[str]:
+        """Every run listed again (catches a dropped file event)."""
+        return self.sync(self.source.runs())
 
     def stop(self) -> None:
+        if self._listing is not None:
+            self._listing.stop()
         if self._observer is not None:
             self._observer.stop()
             self._observer.join(timeout=5)
@@ -175,22 +214,21 @@ class RunFollower:
             if path.name.startswith("."):
                 continue  # a file still being written under its temporary name
             if path.name == HEARTBEAT:
-                seg_rank = _partition(path)
                 beat = _read_json(path)
-                if seg_rank is not None and beat is not None:
-                    fr.heartbeats[seg_rank] = beat
+                if beat is not None and path.parent.name.startswith("rank="):
+                    fr.heartbeats[segment_rank(str(path))] = beat
             elif path.name == RUN_META or path == run_dir:
                 data.append(path)
             elif path.suffix in (".parquet", ".jsonl"):
                 if not path.exists() or path.parent.parent.parent != run_dir:
                     return self._sync_run(name)  # gone (a compaction) or somewhere unexpected: list the run
-                if str(path.relative_to(run_dir)) not in fr.consumed:
-                    data.append(path)
+                if _key(str(path)) not in fr.consumed:
+                    data.append(str(path))
         if not data:
             return False
-        if any(p.name == RUN_META or p == run_dir for p in data):
+        if any(not isinstance(p, str) for p in data):  # run.json or the run directory itself
             return self._sync_run(name)
-        return self._feed(fr, sorted(data, key=lambda p: (p.name.split("-", 1)[1], p.name)))
+        return self._feed(fr, data)
 
     # -- reading ----------------------------------------------------------------------
 
@@ -213,49 +251,45 @@ class RunFollower:
         return FollowedRun(name, FleetStreamingAnalyzer(meta=meta or {}, config=self.config), meta=meta or {})
 
     def _sync_run(self, name: str) -> bool:
-        run_dir = self.root / f"run={name}"
-        if not run_dir.is_dir():
+        files = [f.path for kind in ("events", "metrics") for f in self.source.files(name, kind)]
+        if not (self.root / f"run={name}").is_dir() if self.local else not files:
             return bool(self.runs.pop(name, None))
         fr = self.runs.get(name)
         if fr is None:
             fr = self.runs[name] = self._new(name)
-        meta = read_run_meta(self.root, name)
+        meta = self.source.meta(name)
         changed = False
         if meta != fr.meta:
             fr.meta = meta
             fr.analyzer.set_meta(meta)
             self.generation += 1
             fr.version, changed = self.generation, True
-        fr.heartbeats = read_heartbeats(self.root, name)
-        files = sorted(run_dir.glob("segment=*/rank=*/*-*.*"), key=lambda p: (p.name.split("-", 1)[1], p.name))
-        names = {str(p.relative_to(run_dir)) for p in files}
-        if fr.consumed - names:  # a part went away (compaction): read the run again
+        # Heartbeats are files beside the parts on a local root; an object store's uploader sends none.
+        fr.heartbeats = read_heartbeats(self.root, name) if self.local else {}
+        if fr.consumed - {_key(p) for p in files}:  # a part went away (compaction): read the run again
             return self._rebuild(name) or True
-        new = [p for p in files if str(p.relative_to(run_dir)) not in fr.consumed
-               and p.suffix in (".jsonl", ".parquet") and not p.name.startswith(".")]
-        return self._feed(fr, new) or changed
+        return self._feed(fr, [p for p in files if _key(p) not in fr.consumed]) or changed
 
-    def _feed(self, fr: FollowedRun, files: list[Path]) -> bool:
-        """Feed new files in the order they were written, each partition's events before its rows."""
+    def _feed(self, fr: FollowedRun, files: list[str]) -> bool:
+        """Feed new files in the order they were written (their names start with the write time), each
+        partition's events before its rows."""
         if not files:
             return False
-        for path in (p for p in files if p.name.startswith("events-")):
+        files = sorted(files, key=lambda p: (_name(p).split("-", 1)[1], _name(p)))
+        for path in (p for p in files if _name(p).startswith("events-")):
             if not self._feed_events(fr, path):
                 return self._rebuild(fr.name) or True
-        for path in (p for p in files if p.name.startswith("metrics-")):
+        for path in (p for p in files if _name(p).startswith("metrics-")):
             if not self._feed_metrics(fr, path):
                 return self._rebuild(fr.name) or True
         self.generation += 1
         fr.version, fr.changed_at = self.generation, time.time()
         return bool(files)
 
-    def _feed_events(self, fr: FollowedRun, path: Path) -> bool:
-        seg_rank = _partition(path)
-        if seg_rank is None:
-            return True
-        segment, rank = seg_rank
+    def _feed_events(self, fr: FollowedRun, path: str) -> bool:
+        segment, rank = segment_rank(path)
         rows = []
-        for lineno, line in enumerate(path.read_text().splitlines(), 1):
+        for lineno, line in enumerate(self.source.read_bytes(path).decode().splitlines(), 1):
             if line.strip():
                 try:
                     ev = json.loads(line)
@@ -268,15 +302,12 @@ class RunFollower:
             return False
         for r in rows:
             fr.analyzer.add_event(r)
-        fr.consumed.add(str(path.relative_to(self.root / f"run={fr.name}")))
+        fr.consumed.add(_key(path))
         return True
 
-    def _feed_metrics(self, fr: FollowedRun, path: Path) -> bool:
-        seg_rank = _partition(path)
-        if seg_rank is None:
-            return True
-        segment, rank = seg_rank
-        table = pq.read_table(path)
+    def _feed_metrics(self, fr: FollowedRun, path: str) -> bool:
+        segment, rank = segment_rank(path)
+        table = pq.read_table(pa.BufferReader(self.source.read_bytes(path)))
         if table.num_rows and "step" in table.column_names:
             steps = table["step"].to_numpy(zero_copy_only=False)
             if (steps[1:] < steps[:-1]).any():
@@ -287,7 +318,7 @@ class RunFollower:
             fr.analyzer.update_table(rank, segment, table)
             fr.rank_last[(segment, rank)] = int(steps[-1])
             fr.last_step[segment] = max(fr.last_step.get(segment, -1), int(steps[-1]))
-        fr.consumed.add(str(path.relative_to(self.root / f"run={fr.name}")))
+        fr.consumed.add(_key(path))
         return True
 
     def _rebuild(self, name: str) -> None:

@@ -1,7 +1,8 @@
 """``runwatch watch``: follow every live run under a root and message the on-call engineer about findings.
 
 Long-running (a systemd service): a ``RunFollower`` tails the root with
-watchdog (inotify; ``--poll`` for network filesystems) and judges each run
+watchdog (inotify; ``--poll`` for network filesystems), or lists an
+object-store root every ``--poll`` seconds (default 10), and judges each run
 with the streaming analyser when its files change, and every ``--interval``
 seconds for stalls (silence has no file event). Each new finding that needs
 attention is one message, each resolution another (``alerts.AlertBook``:
@@ -13,7 +14,8 @@ what is undelivered.
 with an open alert, delivery with a few retries, the state saved; exit 0 all
 healthy, 1 a run needs action (or stalled), 2 an error. The state file
 (``--state``, default ``ROOT/watch-state.json``: beside the runs, outside
-every ``**/*.parquet`` glob) makes a cron job page once per finding, not once
+every ``**/*.parquet`` glob; for an object-store root a local path must be
+given) makes a cron job page once per finding, not once
 per pass. One watch per state file at a time (an exclusive lock).
 """
 
@@ -30,10 +32,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runwatch.app.alerts import AlertBook, AlertConfig
+from runwatch.app.follow import RunFollower
 from runwatch.app.judge import is_live, judge_run
 from runwatch.app.notify import Notifier, Sender, backoff, deliver_due
 from runwatch.data.roots import is_url
-from runwatch.data.storage import list_runs, read_run_meta
 from runwatch.data.store import Store, StoreError
 
 EXIT_OK, EXIT_ACTION, EXIT_ERROR = 0, 1, 2
@@ -46,8 +48,8 @@ ONCE_ATTEMPTS = 3
 class WatchConfig:
     """``runwatch watch``'s settings, as the command line gives them."""
 
-    root: Path
-    """The runwatch root to follow."""
+    root: Path | str
+    """The runwatch root to follow: a directory, or an object-store URL."""
     notify: tuple[str, ...] = ()
     """apprise URLs to message (none: judge and keep the state only)."""
     once: bool = False
@@ -57,14 +59,18 @@ class WatchConfig:
     interval_s: float = 5.0
     """How often runs without new files are judged again (a stall makes no file event)."""
     poll_s: float | None = None
-    """Poll the root every N seconds instead of inotify (network filesystems, where inotify sees nothing)."""
+    """Poll the root every N seconds instead of inotify (network filesystems, where inotify sees nothing); how
+    often an object-store root is listed (default ``RunFollower.LISTING_SECONDS``)."""
     resync_s: float = 300.0
     """How often every run's directory is listed anyway (a dropped file event is caught by then)."""
     alerts: AlertConfig = AlertConfig()
 
     def __post_init__(self) -> None:
-        if not self.root.is_dir():
+        if isinstance(self.root, Path) and not self.root.is_dir():
             raise ValueError(f"{self.root}: no such directory (expected a runwatch root)")
+        if isinstance(self.root, str) and self.state is None:
+            raise ValueError(f"--root {self.root}: an object-store root needs --state PATH (a local file: the alerts "
+                             "sent and waiting are kept on this machine, not in the bucket)")
         if not self.interval_s > 0 or not self.resync_s > 0 or (self.poll_s is not None and not self.poll_s > 0):
             raise ValueError("--interval, --poll and the resync period must be > 0 seconds")
 
@@ -100,9 +106,9 @@ def run_once(cfg: WatchConfig, book: AlertBook, notifier: Notifier, out=sys.stdo
     judged, action, errors = 0, 0, 0
     reopen = book.open_runs()
     with Store(cfg.root) as store:
-        for run in list_runs(cfg.root):
+        for run in store.run_names():
             try:
-                meta = read_run_meta(cfg.root, run)
+                meta = store.meta(run)
                 if not _watched(meta) or not store.has_run(run):
                     continue
                 if run not in reopen and not is_live(meta, store.events(run)):
@@ -135,8 +141,6 @@ class Watcher:
     """The long-running watch: file events and ticks in, alerts out (see the module docstring)."""
 
     def __init__(self, cfg: WatchConfig, book: AlertBook, notifier: Notifier) -> None:
-        from runwatch.app.follow import RunFollower
-
         self.cfg, self.book = cfg, book
         self.lock = threading.RLock()
         self.follower = RunFollower(cfg.root, poll_seconds=cfg.poll_s)
@@ -173,11 +177,14 @@ class Watcher:
         self.judge(set(self.follower.runs))
         next_tick = time.monotonic() + self.cfg.interval_s
         next_resync = time.monotonic() + self.cfg.resync_s
+        listing_error = None
         while not self._stop.is_set():
-            paths = self.follower.drain(timeout=max(next_tick - time.monotonic(), 0.0))
-            changed = self.follower.sync_paths(paths) if paths else set()
+            changed = self.follower.changes(timeout=max(next_tick - time.monotonic(), 0.0))
+            if self.follower.listing_error != listing_error:  # an object store's outage, said once, and its end
+                listing_error = self.follower.listing_error
+                print(f"runwatch watch: {listing_error or 'listing works again'}", file=sys.stderr, flush=True)
             if time.monotonic() >= next_resync:
-                changed |= self.follower.sync(list_runs(self.cfg.root))
+                changed |= self.follower.resync()
                 next_resync = time.monotonic() + self.cfg.resync_s
             if time.monotonic() >= next_tick:
                 # Silence has no file event: every run that can still stall, or has an alert open, is judged.
@@ -191,10 +198,8 @@ class Watcher:
 
 
 def build_config(args: argparse.Namespace) -> WatchConfig:
-    if is_url(args.root):
-        raise ValueError(f"--root {args.root}: runwatch watch follows a local or mounted root; for an object-store "
-                         "root run `runwatch check --root URL --all` from cron (exit 1 when a run needs action)")
-    return WatchConfig(root=Path(args.root).expanduser().resolve(), notify=tuple(args.notify or ()), once=args.once,
+    root = args.root if is_url(args.root) else Path(args.root).expanduser().resolve()
+    return WatchConfig(root=root, notify=tuple(args.notify or ()), once=args.once,
                        state=Path(args.state).expanduser() if args.state else None, interval_s=args.interval,
                        poll_s=args.poll, alerts=AlertConfig(cooldown_s=args.cooldown, dashboard_url=args.dashboard_url))
 
@@ -210,7 +215,9 @@ def main(args: argparse.Namespace) -> int:
         watcher = Watcher(cfg, book, notifier)
         # systemd stops a service with SIGTERM: finish the current pass and save the state.
         signal.signal(signal.SIGTERM, lambda signum, frame: watcher.stop())
-        print(f"runwatch watch: following {cfg.root} ({'polling every %g s' % cfg.poll_s if cfg.poll_s else 'inotify'}), "
+        how = ("listing every %g s" % (cfg.poll_s or RunFollower.LISTING_SECONDS) if isinstance(cfg.root, str)
+               else "polling every %g s" % cfg.poll_s if cfg.poll_s else "inotify")
+        print(f"runwatch watch: following {cfg.root} ({how}), "
               f"{len(cfg.notify)} target(s), state {cfg.state_path}; Ctrl-C stops it", flush=True)
         try:
             watcher.run()

@@ -62,9 +62,13 @@ class ListingChanges:
         self.known = now
         return changed
 
+    def due_in(self) -> float:
+        """Seconds until the next poll is due (0 when it is)."""
+        return max(0.0, self.interval - (time.monotonic() - self._last))
+
     def wait(self) -> bool:
         """Sleep until the next poll is due; False when ``stop`` was called."""
-        return not self._stop.wait(max(0.0, self.interval - (time.monotonic() - self._last)))
+        return not self._stop.wait(self.due_in())
 
     def stop(self) -> None:
         self._stop.set()

@@ -143,10 +143,10 @@ def test_bad_options_are_one_line_and_exit_2(tmp_path: Path, args: list[str], me
     assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr
 
 
-def test_an_object_store_root_is_refused_with_the_command_to_use(tmp_path: Path) -> None:
+def test_an_object_store_root_needs_a_local_state_file(tmp_path: Path) -> None:
     out = subprocess.run([*RUNWATCH, "watch", "--root", "s3://lab-runs/gpt-7b", "--once"], capture_output=True,
                          text=True, timeout=60)
-    assert out.returncode == 2 and "check --root URL --all" in out.stderr and "Traceback" not in out.stderr
+    assert out.returncode == 2 and "needs --state PATH" in out.stderr and "Traceback" not in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
 
 
