@@ -11,8 +11,6 @@ calls it instead of formatting raw strings:
   labels), which would otherwise turn ``[x](url)`` into a link,
   ``![x](url)`` into an image the browser fetches, a backtick into a broken
   code span and ``:red[..]`` into a directive.
-- ``plotly``: Plotly hover text, trace names and annotations, whose text
-  renderer interprets ``<b>``, ``<a href>``, ``<br>`` and entities.
 - ``echarts``: text in an ECharts option (panel titles, series and mark
   names, tooltip items). ECharts draws it on a canvas as plain text and its
   default tooltips HTML-escape it, so markup is already inert; what is left is
@@ -27,7 +25,6 @@ Shell command lines are the fourth sink: they are quoted where they are built
 
 from __future__ import annotations
 
-import html
 import re
 import unicodedata
 
@@ -60,12 +57,6 @@ def markdown(text: object) -> str:
     flat = "".join(" " if _is_control(ch) else ch for ch in str(text))
     unlinked = _AUTOLINK_HINGE.sub(WORD_JOINER, _WHITESPACE.sub(" ", flat).strip())
     return _MARKDOWN_SPECIAL.sub(r"\\\1", unlinked)
-
-
-def plotly(text: object) -> str:
-    """``text`` as literal characters in Plotly hover text, trace names and annotations."""
-    flat = "".join(" " if _is_control(ch) else ch for ch in str(text))
-    return html.escape(flat, quote=True)
 
 
 def echarts(text: object) -> str:

@@ -1,4 +1,4 @@
-"""Pure helpers of the per-rank view and of the alerts: the heat map, findings by rank, the OPT checklist.
+"""Pure helpers of the per-rank view and of the alerts: the heat map (ECharts), findings by rank, the OPT checklist.
 
 No Streamlit here (``rank_view`` renders these). The checklist is the
 procedure the OPT-175B logbook settled on for a hung or misbehaving node:
@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
-import plotly.graph_objects as go
 import pyarrow as pa
 
 from runwatch.app import escape
@@ -84,28 +83,41 @@ def rank_rows(findings: Iterable[object]) -> list[dict]:
     return rows
 
 
-def heatmap_figure(buckets: pa.Table, hosts: Mapping[int, str], *, title: str) -> go.Figure:
-    """Rank x step heat map from ``Store.rank_buckets``: each cell's colour is the bucket's maximum (a slow
-    step is never averaged away, as the charts keep min and max), the hover gives min and max."""
-    fig = go.Figure()
+def heatmap_option(buckets: pa.Table, hosts: Mapping[int, str], *, title: str) -> tuple[dict, str]:
+    """Rank x step heat map from ``Store.rank_buckets`` as an ECharts option (the run page's one chart
+    library) and its one-line description (the chart's accessible text): each cell's colour is the bucket's
+    maximum (a slow step is never averaged away, as the charts keep min and max); the tooltip gives min and
+    max. Host names come from run.json: set as plain text (``escape.echarts``), never as a template."""
     if buckets.num_rows == 0:
-        return fig
+        return {"title": {"text": escape.echarts(title)}}, f"{title}: no timings yet"
     rank = buckets["rank"].to_numpy(zero_copy_only=False).astype(int)
     bucket = buckets["bucket"].to_numpy(zero_copy_only=False).astype(int)
     ranks, cols = np.unique(rank), np.unique(bucket)
     r_at, c_at = np.searchsorted(ranks, rank), np.searchsorted(cols, bucket)
-    z = np.full((len(ranks), len(cols)), np.nan)
-    lo = np.full_like(z, np.nan)
-    x = np.full(len(cols), np.nan)
-    z[r_at, c_at] = buckets["max"].to_numpy(zero_copy_only=False).astype(float) * 1e3
-    lo[r_at, c_at] = buckets["min"].to_numpy(zero_copy_only=False).astype(float) * 1e3
-    x[c_at] = buckets["x_first"].to_numpy(zero_copy_only=False).astype(float)
-    # Host names come from run.json: escaped, Plotly reads a few HTML tags in labels and hover text.
-    labels = [f"rank {r}" + (f" · {escape.plotly(hosts[r])}" if r in hosts else "") for r in ranks]
-    fig.add_trace(go.Heatmap(x=x, y=labels, z=z, customdata=lo, colorscale="YlOrRd",
-                             colorbar={"title": {"text": "ms"}},
-                             hovertemplate="%{y}<br>from step %{x}<br>max %{z:.3g} ms, min %{customdata:.3g} ms"
-                                           "<extra></extra>"))
-    fig.update_layout(title={"text": title}, xaxis_title="step", height=120 + 28 * len(ranks),
-                      margin={"l": 10, "r": 10, "t": 40, "b": 40}, yaxis={"autorange": "reversed", "type": "category"})
-    return fig
+    hi = buckets["max"].to_numpy(zero_copy_only=False).astype(float) * 1e3
+    lo = buckets["min"].to_numpy(zero_copy_only=False).astype(float) * 1e3
+    x = np.zeros(len(cols), dtype=np.int64)
+    x[c_at] = buckets["x_first"].to_numpy(zero_copy_only=False).astype(np.int64)
+    labels = [escape.echarts(f"rank {r}" + (f" · {hosts[r]}" if r in hosts else "")) for r in ranks]
+    finite = np.isfinite(hi)
+    cells = [[int(c), int(r), round(float(h), 4), round(float(m), 4) if np.isfinite(m) else None]
+             for c, r, h, m, ok in zip(c_at, r_at, hi, lo, finite) if ok]
+    top = float(hi[finite].max()) if finite.any() else 1.0
+    bottom = float(hi[finite].min()) if finite.any() else 0.0
+    option = {
+        "animation": False, "title": {"text": escape.echarts(title), "textStyle": {"fontSize": 14}},
+        "grid": {"left": 10, "right": 90, "top": 40, "bottom": 40, "containLabel": True},
+        "xAxis": {"type": "category", "name": "step", "data": [str(v) for v in x.tolist()]},
+        "yAxis": {"type": "category", "inverse": True, "data": labels},
+        "visualMap": {"type": "continuous", "min": bottom, "max": max(top, bottom + 1e-9), "calculable": False,
+                      "orient": "vertical", "right": 0, "top": "middle", "text": ["ms", ""],
+                      "inRange": {"color": ["#ffffcc", "#fd8d3c", "#bd0026"]}},
+        "tooltip": {"trigger": "item"},
+        "series": [{"type": "heatmap", "name": "ms (max in the bucket, then min)", "data": cells,
+                    "dimensions": ["from step", "rank", "max ms", "min ms"], "encode": {"x": 0, "y": 1, "value": 2},
+                    "progressive": 0}],
+    }
+    worst = int(np.argmax(np.where(finite, hi, -np.inf)))
+    alt = (f"{title}: {len(ranks)} ranks ({'; '.join(labels)}) by {len(cols)} step buckets; the slowest cell "
+           f"{hi[worst]:.3g} ms, {labels[r_at[worst]]} from step {x[c_at[worst]]}")
+    return option, alt

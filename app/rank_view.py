@@ -47,8 +47,8 @@ def render(root_dir: str, run: str, report: object | None, sig: tuple) -> None:
                           horizontal=True, key="rank_heat_colour")
         if colour.startswith("min"):
             buckets = buckets.drop_columns(["max"]).append_column("max", buckets["min"])
-        fig = fleet_views.heatmap_figure(buckets, hosts, title=TITLES[which])
-        st.plotly_chart(fig, key="rank_heatmap", config={"displaylogo": False})
+        option, alt = fleet_views.heatmap_option(buckets, hosts, title=TITLES[which])
+        st.echarts_chart(option, height=120 + 28 * len(ranks), key="rank_heatmap", alt=alt)
         if rows:
             st.markdown(f"**Findings by rank and host ({len(rows)})**")
             st.dataframe(pd.DataFrame(rows).style.map(views.cell_style, subset=["severity"]), hide_index=True,
