@@ -141,8 +141,19 @@ class DivergenceConfig:
     """Activation norm x3 ..."""
     precursor_grad: float = 2.0
     """... with gradient norm x2 on an accelerating climb: divergence before the loss moves (OPT's precursor)."""
+    lr_shift_z: float = 4.0
+    """An LR raised 1.5x or more off the schedule is a known change point: the loss level after it against
+    the level before, in standard errors of the difference of the two medians (from the block-to-block spread
+    of the loss before it, wander included). The test runs only where the LR rose and stayed up (no raise, no
+    test: healthy runs make none), so its false alarms are this bar's risk times the rare raise that harmed
+    nothing: 4 standard errors is one-sided 3e-5 per look for a Gaussian (block medians tame heavy tails), far
+    inside the budget, while a lift that a CUSUM would have to outrun the adapting baseline to see
+    (DETECTION.md section 2) is found."""
+    lr_shift_obs: int = 8
+    """Observations after the rise before the test speaks (one block; the level after is their median)."""
     def __post_init__(self) -> None:
         _check(self.min_rise > 0 and self.z_rise > 0, "min_rise and z_rise must be > 0")
+        _check(self.lr_shift_z > 0 and self.lr_shift_obs >= 4, "need lr_shift_z > 0 and lr_shift_obs >= 4")
         _check(self.rising_blocks >= 2, "rising_blocks must be >= 2")
         _check(0 < self.sustained <= 1, "sustained must be in (0, 1]")
 

@@ -128,13 +128,15 @@ def act_growth_start(steps: np.ndarray, act: np.ndarray, before_step: int,
     return growth_start(steps, act, before_step, min_growth)
 
 
-def lr_rise_start(steps: np.ndarray, lr: np.ndarray, onset: int) -> int | None:
+def lr_rise_start(steps: np.ndarray, lr: np.ndarray, onset: int, until: int | None = None) -> int | None:
     """Index of the first row of a learning-rate rise (to >= 1.5x its lowest point in the last
     ``LR_LOOKBACK`` rows, looking twice as far back while that point is the window's first row: a slow ramp
-    started before it) that runs into the onset: the first update under the raised LR, the cause. None
-    without one. The schedule is no cause: the warm-up that opens the run, or a warm restart (one step back
-    up to a level the run already trained at, as the spike detector's ``lr_scheduled`` reads it); a rise
-    after a restart still counts."""
+    started before it) that runs into the onset: the first update under the raised LR, the cause. A ramp may
+    reach 1.5x only after the loss began to move, so the rise is measured up to ``until`` (the excursion's
+    peak; default the onset): a cause only has to precede the worst of its effect. None without one. The
+    schedule is no cause: the warm-up that opens the run, or a warm restart (one step back up to a level the
+    run already trained at, as the spike detector's ``lr_scheduled`` reads it); a rise after a restart
+    still counts."""
     lo, lookback = max(0, onset - LR_LOOKBACK), LR_LOOKBACK
     while True:
         idx = lo + np.flatnonzero(np.isfinite(lr[lo:onset + 1]) & (lr[lo:onset + 1] > 0))
@@ -146,7 +148,10 @@ def lr_rise_start(steps: np.ndarray, lr: np.ndarray, onset: int) -> int | None:
             lookback *= 2
             lo = max(0, onset - lookback)
             continue
-        if low >= onset or not lr[onset] >= 1.5 * lr[low] or in_warmup(steps, lr, int(steps[low])):
+        top = lr[onset:max(onset, until if until is not None else onset) + 1]
+        top = float(np.nanmax(top)) if np.isfinite(top).any() else lr[onset]
+        if low >= onset or not lr[onset] > lr[low] or not top >= 1.5 * lr[low] \
+                or in_warmup(steps, lr, int(steps[low])):
             return None
         first = int(idx[k + 1])
         trained = lr[:low + 1][np.isfinite(lr[:low + 1])]
@@ -156,15 +161,39 @@ def lr_rise_start(steps: np.ndarray, lr: np.ndarray, onset: int) -> int | None:
         return first
 
 
-def cause_start(steps: np.ndarray, obs: Observations, onset: int, history: int, cfg: DivergenceConfig) -> tuple[int, dict]:
+def lr_jump_inside(steps: np.ndarray, lr: np.ndarray, onset: int, until: int, history: int = 0) -> int | None:
+    """The row of an LR jump inside an excursion: the first row in (onset, until] at >= 1.5x the LR before
+    the onset, with the LR still at that level from the onset to it and after the opening warm-up; else None.
+
+    An onset estimated from the loss alone can land a few rows early (a heavy-tailed batch, a hinge fit
+    smeared by the jump); when the LR was unchanged there and jumps before the peak, the change point is the
+    first update under the raised LR (DETECTION.md section 5), and the rollback must precede that."""
+    before = lr[max(history, onset - 17):max(history, onset - 1)]
+    before = before[np.isfinite(before) & (before > 0)]
+    if not len(before) or until <= onset:
+        return None
+    level = float(np.median(before))
+    inside = lr[onset + 1:until + 1]
+    hit = np.flatnonzero(np.isfinite(inside) & (inside >= 1.5 * level))
+    if not len(hit):
+        return None
+    jump = onset + 1 + int(hit[0])
+    flat = lr[onset:jump]  # a ramp's first rows are already its cause: only a jump from the level moves the onset
+    if not np.all(np.isfinite(flat) & (flat <= 1.1 * level)) or in_warmup(steps, lr, int(steps[jump])):
+        return None
+    return jump
+
+
+def cause_start(steps: np.ndarray, obs: Observations, onset: int, history: int, cfg: DivergenceConfig,
+                until: int | None = None) -> tuple[int, dict]:
     """Move an onset (an index) back to where the trend broke: the gradient or activation norm began growing
-    into it (after the opening warm-up), or the learning rate began rising into it (DETECTION.md section 5:
-    the change point, not the step where the loss crossed a line). Never into a resumed segment's seeded
-    parent history."""
+    into it (after the opening warm-up), or the learning rate began rising into it, by the excursion's peak
+    ``until`` (DETECTION.md section 5: the change point, not the step where the loss crossed a line). Never
+    into a resumed segment's seeded parent history."""
     at = int(steps[onset])
     act = growth_start(steps, obs["act_norm"], at, cfg.act_growth) if "act_norm" in obs else None
     grad = growth_start(steps, obs["grad_norm"], at, cfg.grad_growth) if "grad_norm" in obs else None
-    rise = lr_rise_start(steps, obs["lr"], onset) if "lr" in obs else None
+    rise = lr_rise_start(steps, obs["lr"], onset, until) if "lr" in obs else None
     lr_step = int(steps[rise]) if rise is not None else None
     floor = int(steps[history]) if history < len(steps) else at
     if "lr" in obs:  # norms growing inside the opening LR warm-up are the model answering the rising LR
@@ -259,11 +288,17 @@ class DivergenceScanner:
             early = self._precursor(obs)
             if early is not None:
                 out.append(early)
+            else:
+                shift = lr_level_shift(obs, self.ctx.history, self.cfg, self.ctx.segment)
+                if shift is not None:
+                    out.append(shift)
         return own_findings(out, obs["step"], self.ctx.history)
 
     def _classify(self, ep: dict, end: int, recovered: bool, obs: Observations) -> Finding:
         steps, loss, grad, act, lr = obs["step"], obs["loss"], obs["grad_norm"], obs["act_norm"], obs["lr"]
-        onset, growth = cause_start(steps, obs, ep["onset"], self.ctx.history, self.cfg)
+        jump = lr_jump_inside(steps, lr, ep["onset"], ep["confirm"], self.ctx.history)
+        start = jump if jump is not None else ep["onset"]
+        onset, growth = cause_start(steps, obs, start, self.ctx.history, self.cfg, until=ep["confirm"])
         best, best_b, sigma = ep["best"]
         before = slice(best_b * self.block, (best_b + 1) * self.block)
         during = slice(onset, end + 1)
@@ -311,6 +346,87 @@ class DivergenceScanner:
                                  "loss_moved": False, "detected_step": int(steps[-1])},
                        message=f"diverging from step {onset}: activation norm x{act_ratio:.2g} and gradient norm "
                                f"x{grad_ratio:.2g} and still climbing, before the loss has moved (OPT's precursor)")
+
+
+SHIFT_BLOCK = 8
+"""Observations per block when the spread of the loss level is measured for the LR change-point test."""
+
+
+def lr_raised_since(steps: np.ndarray, lr: np.ndarray, history: int = 0) -> int | None:
+    """The first row of the LR's current raise, or None: the last row at which the LR stood 1.5x or more
+    below its value now, walked back to the low its rise started from (a ramp's first row, not the row where
+    it crossed 1.5x). Not inside the opening warm-up, and not a warm restart (one step back up to a level the
+    run already trained at): those are the schedule."""
+    idx = np.flatnonzero(np.isfinite(lr) & (lr > 0))
+    if len(idx) < 3 or idx[-1] != len(lr) - 1:
+        return None
+    v = lr[idx]
+    low = np.flatnonzero(v <= v[-1] / 1.5)
+    if not len(low):
+        return None
+    k = int(low[-1])
+    while k > 0 and v[k - 1] < v[k]:  # back down the rise to where it began
+        k -= 1
+    first = k + 1
+    if idx[first] <= history or in_warmup(steps, lr, int(steps[idx[first]])):
+        return None
+    if v[first] >= 1.5 * v[k] and v[first] <= 1.05 * float(v[:k + 1].max()):
+        return None  # a warm restart
+    return int(idx[first])
+
+
+def lr_level_shift(obs: Observations, history: int, cfg: DivergenceConfig, segment: int) -> Finding | None:
+    """A divergence at a known change point: the LR was raised off the schedule and stayed up, and the loss
+    level since is above the level before by ``lr_shift_z`` standard errors (and 5% of it) at the last step.
+
+    A CUSUM against a baseline that follows the level sees a small lift only until the baseline catches up;
+    with the change point given by the LR, two medians suffice. Their standard error comes from the spread
+    of the block medians before the rise (noise and wander at the scale of a block), scaled to each window."""
+    steps, loss, lr = obs["step"], obs["loss"], obs["lr"]
+    rise = lr_raised_since(steps, lr, history)
+    if rise is None:
+        return None
+    history_rows = loss[max(history, rise - 16 * SHIFT_BLOCK):rise]
+    history_rows = history_rows[np.isfinite(history_rows)]
+    nb = len(history_rows) // SHIFT_BLOCK
+    if nb < 4 or len(loss) - rise < cfg.lr_shift_obs:
+        return None
+    # The spread from up to 16 blocks (15 differences: ~19% relative error, where 8 blocks give ~27%); the
+    # level before from the last 8 blocks, the same span as the level after.
+    blocks = row_median(history_rows[len(history_rows) - nb * SHIFT_BLOCK:].reshape(nb, SHIFT_BLOCK))
+    spread = MAD_TO_SIGMA * float(np.median(np.abs(np.diff(blocks)))) / np.sqrt(2.0)  # a trend cancels
+    before = history_rows[-8 * SHIFT_BLOCK:]
+    level = float(np.median(before))
+    if not spread > 0 or not level > 0:
+        return None
+
+    def lift(lo: int, hi: int) -> tuple[float, float]:
+        after = loss[lo:hi]
+        after = after[np.isfinite(after)]
+        if len(after) < cfg.lr_shift_obs // 2:
+            return 0.0, 0.0
+        se = spread * np.sqrt(SHIFT_BLOCK / len(after) + SHIFT_BLOCK / len(before))
+        return float((np.median(after) - level) / se), float(np.median(after)) - level
+
+    window = 8 * SHIFT_BLOCK
+    z_now, rise_now = lift(max(rise, len(loss) - window), len(loss))
+    if z_now < cfg.lr_shift_z or rise_now < cfg.min_rise * level:
+        return None  # not up now: the run absorbed the raised LR (or it never moved the loss)
+    looks = range(rise + cfg.lr_shift_obs - 1, min(len(loss), rise + 16 * window))  # bounded: a report stays O(1)
+    detected = next((j for j in looks if lift(max(rise, j + 1 - window), j + 1)[0] >= cfg.lr_shift_z), len(loss) - 1)
+    span = np.where(np.isfinite(loss[rise:]), loss[rise:], -np.inf)
+    peak = rise + int(np.argmax(span))
+    ratio = float(lr[-1] / lr[rise - 1]) if rise > 0 and lr[rise - 1] > 0 else None
+    after_level = level + rise_now
+    return Finding(kind="divergence", onset_step=int(steps[rise]), end_step=int(steps[-1]), peak_step=int(steps[peak]),
+                   segment=segment, severity="critical", self_recovered=False, needs_action=True,
+                   evidence={"lr_rise_step": int(steps[rise]), "lr_ratio": ratio, "loss_before": level,
+                             "loss_after": after_level, "shift_se": z_now, "detected_step": int(steps[detected]),
+                             "rule": "lr_change_point"},
+                   message=f"loss level up since the learning rate was raised at step {int(steps[rise])}"
+                           + (f" (x{ratio:.3g})" if ratio else "")
+                           + f": {level:.4g} -> {after_level:.4g}, {z_now:.1f} standard errors; still up at the last"
+                             " step")
 
 
 def _ratio(values: np.ndarray, before: slice, during: slice) -> float | None:

@@ -37,7 +37,7 @@ from runwatch.detectors.core import (
     first_run,
     safe_log,
 )
-from runwatch.detectors.divergence import cause_start
+from runwatch.detectors.divergence import cause_start, in_warmup, lr_jump_inside
 from runwatch.detectors.finding import Finding, fmt_value
 from runwatch.detectors.scanner import Observations, ScanContext
 
@@ -371,12 +371,14 @@ class SpikeScanner:
         return [f for f in out if f is not None]
 
 
-def _lr_story(lr: np.ndarray, onset: int, end: int, history: int, patience: int) -> dict:
-    """The LR around the onset, read from the data: the LR of the update(s) that produced the first bad loss
-    (the row before the onset, and the onset row for a burst between coarse rows) against the LR before."""
+def _lr_story(lr: np.ndarray, onset: int, end: int, history: int, patience: int, peak: int | None = None) -> dict:
+    """The LR around the onset, read from the data: the highest LR of the updates that produced the
+    excursion up to its peak (from the row before the onset, and the onset row for a burst between coarse
+    rows) against the LR before. Up to the peak, not at the onset only: a ramp reaches 1.5x after the loss
+    began to move, and a noisy first row can open the excursion a few rows before the LR jump that makes it."""
     before = lr[max(history, onset - 17):max(history, onset - 1)]
     before = before[np.isfinite(before) & (before > 0)]
-    cause = lr[max(onset - 1, 0):onset + 1]
+    cause = lr[max(onset - 1, 0):max(onset, peak if peak is not None else onset) + 1]
     cause = cause[np.isfinite(cause)]
     if not len(before) or not len(cause):
         return {"lr_before": None, "lr_at_onset": None, "lr_ratio": None, "lr_still_raised": False,
@@ -409,6 +411,11 @@ def classify(sc: SpikeScanner, ep: Episode, obs: Observations) -> Finding | None
     steps, loss, n = obs["step"], obs["loss"], len(obs["loss"])
     onset, end = ep.onset, (ep.end if not ep.is_open else n - 1)
     zl, zg = sc.residuals(ep, loss, onset, end + 1)
+    z = np.nan_to_num(zl, nan=-np.inf)
+    jump = lr_jump_inside(steps, obs["lr"], onset, onset + int(np.argmax(z)) if len(z) else onset, sc.ctx.history)
+    if jump is not None and np.median(z[:jump - onset]) < cfg.z_band:
+        # The loss was in band until the LR jumped: the excursion began with the jump, before it was noise.
+        zl, zg, onset = zl[jump - onset:], zg[jump - onset:], jump
     zl_c, zg_c = np.nan_to_num(zl, nan=-np.inf), np.nan_to_num(zg, nan=-np.inf)
     base = f["level"]
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -426,12 +433,14 @@ def classify(sc: SpikeScanner, ep: Episode, obs: Observations) -> Finding | None
     if not loss_moved and (not grad_far or recovered is not True):
         return None  # the gradient norm alone moved to a new level: a trend, not an excursion
     persistent = loss_moved and (far_run >= cfg.persist_obs or winsor_sum >= cfg.cusum_h or recovered is False)
-    lr_story = _lr_story(obs["lr"], onset, end, sc.ctx.history, cfg.patience_obs)
+    peak_i = onset + int(np.argmax(zl_c if loss_moved else zg_c))
+    # The LR up to the peak is the cause's, except inside the opening warm-up, whose rise is the schedule's.
+    lr_peak = None if in_warmup(steps, obs["lr"], int(steps[peak_i])) else peak_i
+    lr_story = _lr_story(obs["lr"], onset, end, sc.ctx.history, cfg.patience_obs, lr_peak)
     lasting = _lasting_cost(sc, ep, loss, n) if recovered else {}
     # Worse than its trend would have been AND not even back to where it was: the spike cost real progress.
     costly = bool(lasting and min(lasting["lasting_cost_sigmas"], lasting["lasting_above_level_sigmas"]) >= cfg.lasting_sigmas
                   and lasting["lasting_above_level"] >= cfg.lasting_rise * abs(base))
-    peak_i = onset + int(np.argmax(zl_c if loss_moved else zg_c))
     if ep.data.get("noise_grew"):
         persistent, recovered = False, True
     if not persistent or (lr_story["lr_scheduled"] and recovered is not False):
@@ -455,13 +464,14 @@ def classify(sc: SpikeScanner, ep: Episode, obs: Observations) -> Finding | None
         "grad_norm_ratio": (math.exp(float(np.nanmedian(lg)) - f["glevel"])
                             if math.isfinite(f["glevel"]) and np.isfinite(lg).any() else None),
         "grad_norm_moved_first": grad_first, "blip": not persistent, "noise_grew": bool(ep.data.get("noise_grew")),
-        "trigger_step": int(steps[ep.trigger]),
-        "detected_step": int(steps[min(onset + cfg.patience_obs - 1, n - 1)]) if recovered is False else int(steps[ep.trigger]),
+        "trigger_step": int(steps[max(ep.trigger, onset)]),
+        "detected_step": int(steps[min(onset + cfg.patience_obs - 1, n - 1)]) if recovered is False
+        else int(steps[max(ep.trigger, onset)]),
         **lr_story, **lasting,
         "recovery_steps": int(steps[ep.recovered_at] - steps[onset]) if ep.recovered_at is not None else None,
     }
     if recovered is False or lr_story["lr_still_raised"]:  # a divergence's onset is where the trend broke
-        at, _ = cause_start(steps, obs, onset, sc.ctx.history, sc.ctx.config.divergence)
+        at, _ = cause_start(steps, obs, onset, sc.ctx.history, sc.ctx.config.divergence, until=peak_i)
         evidence["trend_break_step"] = int(steps[at])
     return Finding(kind="spike", onset_step=int(steps[onset]), end_step=int(steps[end]), peak_step=int(steps[peak_i]),
                    segment=sc.ctx.segment, severity=severity, self_recovered=recovered, needs_action=needs,
