@@ -76,6 +76,11 @@ class SpikeConfig:
     """CUSUM decision interval in sigmas. Siegmund's approximation gives ARL0 ~10^6 near h = 12 for Gaussian
     residuals; the real residuals' heavy tails and the baseline's own noise need more: set by
     ``bench/calibrate.py`` at the false-alarm budget (1 alarm per 10^6 healthy steps, all kinds together)."""
+    cusum_guard: int = 32
+    """The CUSUM measures against the lower of the level now and the level this many observations ago: it
+    follows a falling loss at once and a rising one only after the guard, since a rise is what it judges.
+    Without it the level (a median of recent block medians) takes in a lasting lift of 1-3 sigmas within ~16
+    observations, before the CUSUM reaches ``cusum_h`` (a 1.5-sigma lift needs 24 / (1.5 - 0.5) = 24)."""
     persist_obs: int = 2
     """Consecutive observations past the trigger threshold an excursion needs to be an alarm; one far-out
     observation that comes straight back (or two far apart: heavy-tailed noise) is an 'info' annotation

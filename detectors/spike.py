@@ -160,7 +160,7 @@ class SpikeScanner:
             loss_cand &= warm | cold_ok
             grad_cand &= warm
         with np.errstate(invalid="ignore", divide="ignore"):
-            z_total = (loss[lo:n] - level) / total_l
+            z_total = (loss[lo:n] - self._guarded(level, lo, n)) / total_l
         s, zero = self._cusum(z_total, warm, lo)
         hit = (s > cfg.cusum_h) | loss_cand | grad_cand
         trigger = None
@@ -187,6 +187,17 @@ class SpikeScanner:
         if rule == "cusum":
             onset = min(onset, int(zero[trigger - lo]) + 1)
         self._open(max(onset, self.floor), trigger, rule, loss, int(np.argmax([zl_c[trigger - lo], zg_c[trigger - lo]])))
+
+    def _guarded(self, level: np.ndarray, lo: int, n: int) -> np.ndarray:
+        """The level the CUSUM judges against: the lower of ``level`` and the level ``cusum_guard`` observations
+        earlier (see ``SpikeConfig.cusum_guard``), so a lasting rise stays a residual until the CUSUM can see it."""
+        g = self.cfg.cusum_guard
+        start = max(lo - g, 0)
+        if g <= 0 or n - g <= start:
+            return level
+        earlier = np.full(n - lo, np.nan)
+        earlier[start + g - lo:] = self.loss_level.at(start, n - g)[0]
+        return np.where(np.isfinite(earlier), np.fmin(level, earlier), level)
 
     def _cusum(self, zl: np.ndarray, warm: np.ndarray, lo: int) -> tuple[np.ndarray, np.ndarray]:
         """CUSUM of the clipped loss residuals, scaled by the run's variability wander included (a sustained

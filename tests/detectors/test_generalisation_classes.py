@@ -524,3 +524,24 @@ def test_15_streaming_equals_offline_across_an_lr_raise() -> None:
     assert live.report().findings == offline
     [div] = offline
     assert div.onset_step == 1000 and seen and min(seen) >= div.evidence["detected_step"]
+
+
+# 16. The CUSUM judges a rise against the level from before it (the guard): a lasting small lift is seen.
+
+@pytest.mark.parametrize("seed", range(4))
+def test_16_a_lasting_small_lift_is_not_absorbed_by_the_baseline(seed: int) -> None:
+    """From step 1000 the loss sits 2.5 sigmas higher for good (no LR change: a data or hardware change). The
+    level, a median of recent block medians, takes such a lift in within ~16 observations; judged against the
+    level from 32 observations earlier, the CUSUM reaches its bar first: an alarm from 1000. Fails on the commit
+    before this test (no finding for any seed). A lift of 0.5 sigma stays unreported (guard)."""
+    n = 1600
+    steps = np.arange(n)
+    for lift, found in ((2.5, True), (0.5, False)):
+        loss = loss_curve(n, seed=seed, noise=0.05)
+        loss[1000:] += lift * 0.05
+        alarms = _alarms(analyze(rows_table(steps, loss=loss, grad_norm=grad_curve(n, seed=seed + 10))))
+        if found:
+            assert [(f.kind, f.onset_step) for f in alarms] == [("spike", 1000)], alarms
+            assert alarms[0].evidence["rule"] == "cusum"
+        else:
+            assert alarms == [], alarms
