@@ -249,10 +249,7 @@ class FleetStreamingAnalyzer:
         """One flush (a metrics file) of one rank and segment, rows in step order."""
         if table.num_rows == 0:
             return
-        rows = table.to_pylist()
-        for row in rows:
-            row["segment"] = segment
-        self._rank(rank).update_many(rows)
+        self._rank(rank).update_table(segment, table)
         self.fleet.add(segment, rank, table_columns(table))
         self.version += 1
 

@@ -61,6 +61,27 @@ class _SegmentBuffer:
             self.cols[name].append(float(value) if present else math.nan)
             self.cols[name + "_present"].append(present)
 
+    def extend(self, table: pa.Table) -> None:
+        """Rows as one Arrow table: what ``append`` does row by row, column by column (a null is absent)."""
+        steps = table["step"].to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+        self.cols["step"].extend(steps)
+        names = set(table.column_names)
+        if "found_inf" in names:
+            col = table["found_inf"]
+            self.cols["found_inf"].extend(col.fill_null(False).to_numpy(zero_copy_only=False).astype(np.bool_))
+            self.cols["found_inf_present"].extend(col.is_valid().to_numpy(zero_copy_only=False))
+        else:
+            self.cols["found_inf"].extend(np.zeros(len(steps), np.bool_))
+            self.cols["found_inf_present"].extend(np.zeros(len(steps), np.bool_))
+        for name in FLOAT_COLUMNS:
+            if name in names:
+                col = table[name].cast(pa.float64())
+                self.cols[name].extend(col.fill_null(math.nan).to_numpy(zero_copy_only=False))
+                self.cols[name + "_present"].extend(col.is_valid().to_numpy(zero_copy_only=False))
+            else:
+                self.cols[name].extend(np.full(len(steps), math.nan))
+                self.cols[name + "_present"].extend(np.zeros(len(steps), np.bool_))
+
     def views(self) -> dict[str, np.ndarray]:
         return {k: g.view for k, g in self.cols.items()}
 
@@ -111,6 +132,20 @@ class StreamingAnalyzer:
         for row in rows:
             buf = self._append(row)
             self._pending[buf.segment] = buf
+        self._flush()
+
+    def update_table(self, segment: int, table: pa.Table) -> None:
+        """One segment's rows as an Arrow table, in step order: the same result as ``update_many`` on its rows
+        with that segment, without a Python object per row (a run read from scratch is millions of them)."""
+        if table.num_rows == 0:
+            return
+        segment = int(segment)
+        if segment not in self._segments:
+            self._flush()  # the parent's rows are judged before its child starts
+            self._segments[segment] = _SegmentBuffer(segment)
+        self._current = segment
+        self._segments[segment].extend(table)
+        self._pending[segment] = self._segments[segment]
         self._flush()
 
     def _flush(self) -> None:

@@ -100,3 +100,33 @@ def test_random_noise_never_crashes_and_stream_agrees(seed: int, n: int, nan_rat
     for f in offline.findings:  # every finding lies inside the data it was judged on
         assert steps[0] <= f.onset_step <= f.end_step <= steps[-1], f
     assert _stream(rows).report().findings == analyze(rows, None).findings
+
+
+def test_update_table_equals_update_many_row_by_row() -> None:
+    """A flush taken as an Arrow table (what the follower reads from a metrics file) gives the findings, the
+    buffers and the report that the same rows give one dict at a time: nulls absent, NaN kept, found_inf
+    absent or present, columns missing from the file absent."""
+    rng = np.random.default_rng(5)
+    n = 3000
+    steps = np.arange(n)
+    loss = 3.0 + np.exp(-steps / 400) + rng.normal(0, 0.03, n)
+    loss[1800:1830] += 2.0
+    loss[2500] = np.nan
+    grad = np.exp(rng.normal(np.log(0.3), 0.1, n))
+    scale = np.where(steps % 500 == 499, 32768.0, 65536.0)
+    table = pa.table({"step": pa.array(steps, pa.int64()),
+                      "loss": pa.array([None if i == 700 else v for i, v in enumerate(loss)], pa.float64()),
+                      "grad_norm": pa.array(grad, pa.float32()),
+                      "loss_scale": pa.array(scale),
+                      "found_inf": pa.array([None if i < 10 else bool(s < 65536.0) for i, s in enumerate(scale)])})
+    by_rows, by_table = StreamingAnalyzer(None), StreamingAnalyzer(None)
+    for lo in range(0, n, 250):  # flushes of 250 rows, one segment
+        part = table.slice(lo, 250)
+        by_rows.update_many([{**row, "segment": 0} for row in part.to_pylist()])
+        by_table.update_table(0, part)
+    a, b = by_rows._segments[0].views(), by_table._segments[0].views()
+    assert a.keys() == b.keys()
+    for key in a:
+        np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+    assert by_table.report().findings == by_rows.report().findings
+    assert any(f.kind == "spike" for f in by_table.report().findings)
