@@ -191,18 +191,7 @@ class RunFollower:
             name = run_of(self.root, path)
             if name is not None:
                 by_run.setdefault(name, []).append(path)
-        changed = set()
-        with self.lock:
-            for name, found in by_run.items():
-                try:
-                    if self._take(name, found):
-                        changed.add(name)
-                    self.errors.pop(name, None)
-                except (OSError, ValueError, pa.ArrowException) as err:  # unreadable now: its next event retries
-                    self.errors[name] = f"{type(err).__name__}: {err}"
-        if changed and self.on_change is not None:
-            self.on_change(changed)
-        return changed
+        return self._each(by_run, lambda name: self._take(name, by_run[name]))
 
     def _take(self, name: str, paths: list[Path]) -> bool:
         fr = self.runs.get(name)
@@ -234,14 +223,19 @@ class RunFollower:
 
     def sync(self, names: Iterable[str]) -> set[str]:
         """Bring the named runs up to date with their files; the ones whose data changed."""
+        return self._each(names, self._sync_run)
+
+    def _each(self, names: Iterable[str], update: Callable[[str], bool]) -> set[str]:
+        """``update`` each run under the lock; the runs whose data changed. A run whose files cannot be read now
+        is named in ``errors`` (its next event or listing retries) and costs only itself."""
         changed = set()
         with self.lock:
             for name in names:
                 try:
-                    if self._sync_run(name):
+                    if update(name):
                         changed.add(name)
                     self.errors.pop(name, None)
-                except (OSError, ValueError, pa.ArrowException) as err:  # unreadable now: its next event retries
+                except (OSError, ValueError, pa.ArrowException) as err:
                     self.errors[name] = f"{type(err).__name__}: {err}"
         if changed and self.on_change is not None:
             self.on_change(changed)

@@ -19,6 +19,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
@@ -44,6 +45,31 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@contextmanager
+def dashboard_server(root: str | Path) -> Iterator[str]:
+    """``runwatch dashboard`` over ``root`` as its own process (inheriting the environment: S3 credentials),
+    its URL once it answers; terminated after (serve() forwards SIGTERM to streamlit: nothing keeps the port)."""
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "runwatch.app.cli", "dashboard", "--root", str(root),
+                             "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(240):
+            try:
+                urllib.request.urlopen(f"{url}/_stcore/health", timeout=1)
+                break
+            except OSError:
+                if proc.poll() is not None:
+                    pytest.fail(f"dashboard exited: {proc.stdout.read()}")
+                time.sleep(0.25)
+        else:
+            pytest.fail("dashboard did not come up in 60 s")
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
 
 
 def branchy_lines() -> list[dict]:
@@ -72,25 +98,8 @@ def branchy_lines() -> list[dict]:
 def server(demo_root: Path) -> Iterator[str]:
     write_jsonl_run(demo_root, "live-run", spike_lines(LIVE_STEPS, spike_at=-1, t0=LIVE_T0)[:100])
     write_jsonl_run(demo_root, "branchy", branchy_lines())
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "runwatch.app.cli", "dashboard", "--root", str(demo_root),
-                             "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(240):
-            try:
-                urllib.request.urlopen(f"{url}/_stcore/health", timeout=1)
-                break
-            except OSError:
-                if proc.poll() is not None:
-                    pytest.fail(f"dashboard exited: {proc.stdout.read()}")
-                time.sleep(0.25)
-        else:
-            pytest.fail("dashboard did not come up in 60 s")
+    with dashboard_server(demo_root) as url:
         yield url
-    finally:
-        proc.terminate()  # serve() forwards SIGTERM to streamlit: nothing keeps the port
-        proc.wait(timeout=20)
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from runwatch.app.fleet_views import rank_rows, resume_line
 from runwatch.app.judge import judge_run
 from runwatch.data.store import Store
 from runwatch.detectors.advisor import checkpoints_from_events
-from tests.app.test_browser import CHROMIUM, CHROMIUM_ARGS, RESULTS, _free_port, _wait_idle
+from tests.app.test_browser import CHROMIUM, CHROMIUM_ARGS, RESULTS, _wait_idle, dashboard_server
 
 JOB = Path(__file__).resolve().parents[1] / "collectors" / "fleet_job.py"
 
@@ -37,23 +36,8 @@ def fleet_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(fleet_root: Path) -> Iterator[str]:
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "runwatch.app.cli", "dashboard", "--root", str(fleet_root),
-                             "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(240):
-            try:
-                urllib.request.urlopen(f"{url}/_stcore/health", timeout=1)
-                break
-            except OSError:
-                if proc.poll() is not None:
-                    pytest.fail(f"dashboard exited: {proc.stdout.read()}")
-                time.sleep(0.25)
+    with dashboard_server(fleet_root) as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=20)
 
 
 def _cell_pixels(chart) -> int:

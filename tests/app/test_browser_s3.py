@@ -9,18 +9,20 @@ Monitor shipping to the bucket shows up without a reload.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.app.conftest import spike_lines
-from tests.app.test_browser import CHROMIUM, CHROMIUM_ARGS, _free_port, _run_chart, _summary, _wait_idle
+from tests.app.test_browser import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    _run_chart,
+    _summary,
+    _wait_idle,
+    dashboard_server,
+)
 from tests.data.helpers import run_cli
 from tests.s3server import MotoS3
 
@@ -47,26 +49,8 @@ def s3_fleet(moto_s3: MotoS3, tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @pytest.fixture(scope="module")
 def server(s3_fleet: str) -> Iterator[str]:
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "runwatch.app.cli", "dashboard", "--root", s3_fleet,
-                             "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=dict(os.environ))
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(240):
-            try:
-                urllib.request.urlopen(f"{url}/_stcore/health", timeout=1)
-                break
-            except OSError:
-                if proc.poll() is not None:
-                    pytest.fail(f"dashboard exited: {proc.stdout.read()}")
-                time.sleep(0.25)
-        else:
-            pytest.fail("dashboard did not come up in 60 s")
+    with dashboard_server(s3_fleet) as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=20)
 
 
 @pytest.fixture(scope="module")

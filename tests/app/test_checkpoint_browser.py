@@ -7,41 +7,21 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from runwatch.app.checkpoint_views import figure_text, size_text
-from tests.app.test_browser import CHROMIUM, CHROMIUM_ARGS, RESULTS, _free_port, _wait_idle
+from tests.app.test_browser import CHROMIUM, CHROMIUM_ARGS, RESULTS, _wait_idle, dashboard_server
 
 pytestmark = pytest.mark.browser
 
 
 @pytest.fixture(scope="module")
 def server(demo_root: Path) -> Iterator[str]:
-    import urllib.request
-
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "runwatch.app.cli", "dashboard", "--root", str(demo_root),
-                             "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(240):
-            try:
-                urllib.request.urlopen(f"{url}/_stcore/health", timeout=1)
-                break
-            except OSError:
-                if proc.poll() is not None:
-                    pytest.fail(f"dashboard exited: {proc.stdout.read()}")
-                time.sleep(0.25)
-        else:
-            pytest.fail("dashboard did not come up in 60 s")
+    with dashboard_server(demo_root) as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=20)
 
 
 def _legend(panel) -> str:
