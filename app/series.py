@@ -137,22 +137,23 @@ def off_scale(branches: dict[int, pa.Table], y: tuple[float, float] | None) -> l
     return out
 
 
+def _interp(frm: np.ndarray, to: np.ndarray) -> Callable[[float], float]:
+    """``frm`` -> ``to`` by linear interpolation over the pairs (the identity when there are none)."""
+    order = np.argsort(frm)
+    a, b = np.asarray(frm, float)[order], np.asarray(to, float)[order]
+    if a.size == 0:
+        return lambda v: float(v)
+    return lambda v: float(np.interp(float(v), a, b))
+
+
 def step_mapper(pairs_step: np.ndarray, pairs_x: np.ndarray) -> Callable[[float], float]:
     """A step -> x (tokens, time) function by interpolating the main line's (step, x) pairs."""
-    order = np.argsort(pairs_step)
-    steps, xs = np.asarray(pairs_step, float)[order], np.asarray(pairs_x, float)[order]
-    if steps.size == 0:
-        return lambda s: float(s)
-    return lambda s: float(np.interp(float(s), steps, xs))
+    return _interp(pairs_step, pairs_x)
 
 
 def x_mapper(pairs_step: np.ndarray, pairs_x: np.ndarray) -> Callable[[float], float]:
     """The inverse: x (tokens, time) -> step on the main line (x grows with step there)."""
-    order = np.argsort(pairs_x)
-    xs, steps = np.asarray(pairs_x, float)[order], np.asarray(pairs_step, float)[order]
-    if xs.size == 0:
-        return lambda x: float(x)
-    return lambda x: float(np.interp(float(x), xs, steps))
+    return _interp(pairs_x, pairs_step)
 
 
 def log_ticks(lo: float, hi: float) -> list[float]:
