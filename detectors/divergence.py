@@ -161,6 +161,18 @@ def lr_rise_start(steps: np.ndarray, lr: np.ndarray, onset: int, until: int | No
         return first
 
 
+LR_BEFORE_ROWS = 16
+"""Rows before an excursion's onset (the onset's own row and the one before it left out: they may hold the
+update that caused it) whose median is "the LR before"."""
+
+
+def lr_before(lr: np.ndarray, onset: int, history: int = 0) -> float | None:
+    """The LR the run trained at just before an excursion (median of ``LR_BEFORE_ROWS`` rows), or None."""
+    before = lr[max(history, onset - 1 - LR_BEFORE_ROWS):max(history, onset - 1)]
+    before = before[np.isfinite(before) & (before > 0)]
+    return float(np.median(before)) if len(before) else None
+
+
 def lr_jump_inside(steps: np.ndarray, lr: np.ndarray, onset: int, until: int, history: int = 0) -> int | None:
     """The row of an LR jump inside an excursion: the first row in (onset, until] at >= 1.5x the LR before
     the onset, with the LR still at that level from the onset to it and after the opening warm-up; else None.
@@ -168,11 +180,9 @@ def lr_jump_inside(steps: np.ndarray, lr: np.ndarray, onset: int, until: int, hi
     An onset estimated from the loss alone can land a few rows early (a heavy-tailed batch, a hinge fit
     smeared by the jump); when the LR was unchanged there and jumps before the peak, the change point is the
     first update under the raised LR (DETECTION.md section 5), and the rollback must precede that."""
-    before = lr[max(history, onset - 17):max(history, onset - 1)]
-    before = before[np.isfinite(before) & (before > 0)]
-    if not len(before) or until <= onset:
+    level = lr_before(lr, onset, history)
+    if level is None or until <= onset:
         return None
-    level = float(np.median(before))
     inside = lr[onset + 1:until + 1]
     hit = np.flatnonzero(np.isfinite(inside) & (inside >= 1.5 * level))
     if not len(hit):

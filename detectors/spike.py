@@ -37,7 +37,7 @@ from runwatch.detectors.core import (
     first_run,
     safe_log,
 )
-from runwatch.detectors.divergence import cause_start, in_warmup, lr_jump_inside
+from runwatch.detectors.divergence import LR_BEFORE_ROWS, cause_start, in_warmup, lr_before, lr_jump_inside
 from runwatch.detectors.finding import Finding, fmt_value
 from runwatch.detectors.scanner import Observations, ScanContext
 
@@ -387,32 +387,32 @@ def _lr_story(lr: np.ndarray, onset: int, end: int, history: int, patience: int,
     excursion up to its peak (from the row before the onset, and the onset row for a burst between coarse
     rows) against the LR before. Up to the peak, not at the onset only: a ramp reaches 1.5x after the loss
     began to move, and a noisy first row can open the excursion a few rows before the LR jump that makes it."""
-    before = lr[max(history, onset - 17):max(history, onset - 1)]
-    before = before[np.isfinite(before) & (before > 0)]
+    level = lr_before(lr, onset, history)
     cause = lr[max(onset - 1, 0):max(onset, peak if peak is not None else onset) + 1]
     cause = cause[np.isfinite(cause)]
-    if not len(before) or not len(cause):
+    if level is None or not len(cause):
         return {"lr_before": None, "lr_at_onset": None, "lr_ratio": None, "lr_still_raised": False,
                 "lr_scheduled": False}
-    lr_before, lr_cause = float(np.median(before)), float(cause.max())
-    ratio = lr_cause / lr_before
+    lr_cause = float(cause.max())
+    ratio = lr_cause / level
     # Still raised: over the episode (not at its last row only: a warm restart may land there), nearer the
     # raised LR than the one before in log terms (a warm-up that goes on rising after a one-step burst is not
     # the burst staying up).
     during = lr[onset:end + 1]
     during = during[np.isfinite(during)]
     still = bool(ratio >= 1.5 and len(during)
-                 and float(np.median(during)) >= max(1.5 * lr_before, math.sqrt(lr_before * lr_cause)))
-    window = lr[max(history, onset - 17):onset + 1]
-    rise = np.flatnonzero(np.isfinite(window) & (window >= 1.5 * lr_before))
-    rise_at = max(history, onset - 17) + int(rise[0]) if len(rise) else onset
+                 and float(np.median(during)) >= max(1.5 * level, math.sqrt(level * lr_cause)))
+    first = max(history, onset - 1 - LR_BEFORE_ROWS)
+    window = lr[first:onset + 1]
+    rise = np.flatnonzero(np.isfinite(window) & (window >= 1.5 * level))
+    rise_at = first + int(rise[0]) if len(rise) else onset
     earlier = lr[history:rise_at]  # the LR the run trained at before this rise
     earlier = earlier[np.isfinite(earlier)]
     held = lr[onset:onset + patience]
     # The schedule: the LR went back to a level the run already trained at and stayed there (a warm restart).
     scheduled = bool(ratio >= 1.5 and len(earlier) and lr_cause <= 1.05 * float(earlier.max())
                      and len(held) >= patience and np.all(held >= 0.5 * lr_cause))
-    return {"lr_before": lr_before, "lr_at_onset": lr_cause, "lr_ratio": ratio, "lr_still_raised": still,
+    return {"lr_before": level, "lr_at_onset": lr_cause, "lr_ratio": ratio, "lr_still_raised": still,
             "lr_scheduled": scheduled}
 
 
