@@ -98,7 +98,8 @@ def overlaps(a: Finding, b: Finding) -> bool:
 def merge_overlaps(findings: list[Finding], cfg: DetectorConfig = DEFAULT) -> list[Finding]:
     """One incident, one finding.
 
-    A spike under a learning rate still raised (not by the schedule) is a divergence.
+    A spike under a learning rate still raised (not by the schedule) is a divergence,
+    and where one covers an LR change point, the change point's finding gives way.
     Unrecovered loss findings that overlap a divergence merge into it (earliest
     onset); a 'divergence' that came back down inside a spike was that spike.
     A NaN after a divergence stays its own finding: it changes the advice
@@ -106,6 +107,10 @@ def merge_overlaps(findings: list[Finding], cfg: DetectorConfig = DEFAULT) -> li
     starts inside a NaN episode is that NaN (the scaler skips non-finite steps).
     """
     out = [_as_divergence(f, cfg) if _diverged(f, cfg) else f for f in findings]
+    # The LR change-point test is the fallback for a lift nothing else saw: where another divergence covers
+    # the raise, that one (its climb or jump, its LR story and advice) is the finding.
+    out = [f for f in out if not (f.evidence.get("rule") == "lr_change_point" and any(
+        o is not f and o.kind == "divergence" and overlaps(f, o) for o in out))]
     # Once weights or values are non-finite an fp16 scaler skips every step: that collapse is the NaN's echo.
     nans = [f for f in out if f.kind == "nan"]
     out = [f for f in out if not (f.kind == "scaler_collapse" and any(

@@ -175,6 +175,7 @@ def test_6_a_spike_under_an_lr_still_raised_is_a_divergence_even_if_the_loss_cam
     if held:
         assert (f.kind, f.severity, f.needs_action, f.onset_step) == ("divergence", "critical", True, 1500)
         assert f.evidence["lr_still_raised"] and report.rollback.checkpoint_step == 1400
+
     else:
         assert (f.kind, f.severity, f.self_recovered, f.needs_action) == ("spike", "warning", True, False)
         assert report.rollback is None
@@ -545,3 +546,21 @@ def test_16_a_lasting_small_lift_is_not_absorbed_by_the_baseline(seed: int) -> N
             assert alarms[0].evidence["rule"] == "cusum"
         else:
             assert alarms == [], alarms
+
+
+def test_15_where_a_jump_under_the_raised_lr_is_found_the_change_point_gives_way() -> None:
+    """The demo's diverged run: the LR logged x97 at step 130, the loss jumping from 131. The change point
+    (onset 130) and the jump's divergence (onset 131, its LR story: restore the LR) are one incident; the
+    jump's finding is kept, not the change point's, which has the earlier onset but less evidence. Fails on the
+    commit before this test (merging kept the earliest onset's finding: the change point's)."""
+    from runwatch.detectors.analysis import merge_overlaps
+
+    def finding(onset: int, **evidence: object) -> Finding:
+        return Finding(kind="divergence", onset_step=onset, end_step=344, peak_step=200, segment=0,
+                       severity="critical", self_recovered=False, needs_action=True, evidence=evidence,
+                       message=f"divergence from {onset}")
+
+    point = finding(130, rule="lr_change_point", lr_rise_step=130)
+    jump = finding(131, rule="shewhart", from_spike=True, lr_before=0.00247, lr_at_onset=0.241)
+    assert merge_overlaps([point, jump]) == [jump]
+    assert merge_overlaps([point]) == [point]  # alone, it is the finding
