@@ -72,6 +72,10 @@ def test_once_passes_page_once_survive_an_outage_and_resolve(tmp_path: Path) -> 
         hook.stop()
 
 
+def _nan_titles(hook: Webhook) -> list[str]:
+    return [t for t in hook.titles() if t.endswith(": nan")]
+
+
 def test_a_finding_that_comes_back_inside_the_cooldown_is_held(tmp_path: Path) -> None:
     root, ckpt = tmp_path / "runs", tmp_path / "ckpt"
     hook = Webhook().start()
@@ -83,12 +87,14 @@ def test_a_finding_that_comes_back_inside_the_cooldown_is_held(tmp_path: Path) -
         # It happens again right after the rollback: same run, same kind, inside the half-hour cool-down.
         train_run(root, "gpt", 40, nan_at=80, resume=(60, ckpt / "gpt-60.pt"), ckpt_dir=ckpt)
         assert _once(root, hook).returncode == 1
-        assert hook.titles() == ["[runwatch] ACTION gpt: nan", "[runwatch] RESOLVED gpt: nan"]
-        assert _state(root)["counters"]["held_by_cooldown"] == 1
+        # (Real wall time: on a loaded machine a slowdown can be paged too; only the NaN's pages are judged here.)
+        assert _nan_titles(hook) == ["[runwatch] ACTION gpt: nan", "[runwatch] RESOLVED gpt: nan"]
+        assert _state(root)["counters"]["held_by_cooldown"] >= 1
         # With no cool-down the second incident is its own page.
         (root / "watch-state.json").unlink()
         assert _once(root, hook, "--cooldown", "0").returncode == 1
-        assert hook.titles()[-1] == "[runwatch] ACTION gpt: nan" and len(hook.received) == 3
+        assert _nan_titles(hook) == ["[runwatch] ACTION gpt: nan", "[runwatch] RESOLVED gpt: nan",
+                                     "[runwatch] ACTION gpt: nan"]
     finally:
         hook.stop()
 

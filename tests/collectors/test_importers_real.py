@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -18,11 +16,9 @@ from runwatch.collectors.importers import (
     megatron_golden,
     modded_nanogpt,
 )
+from tests.realruns import BLOCKS
+from tests.realruns import REALRUNS as REAL
 
-REAL = Path(__file__).resolve().parents[3] / "shared" / "realruns"
-if not REAL.is_dir():
-    REAL = Path("/work/shared/realruns")
-BLOCKS = REAL / "bigscience-chronicles-excerpts" / "blocks"
 pytestmark = pytest.mark.skipif(not REAL.is_dir(), reason="shared/realruns fixtures not present")
 
 

@@ -12,8 +12,9 @@ import pytest
 from runwatch.app.advise import checkpoint_advice
 from runwatch.collectors.importers import import_logs
 from runwatch.data.store import Store
+from tests.realruns import BLOCKS
 
-BLOCKS = Path(__file__).resolve().parents[3] / "shared" / "realruns" / "bigscience-chronicles-excerpts" / "blocks"
+needs_realruns = pytest.mark.skipif(not BLOCKS.is_dir(), reason=f"real logs not found at {BLOCKS}")
 T0 = 1.7e9
 
 
@@ -86,6 +87,7 @@ def test_a_record_without_a_clock_or_checkpoints_gives_nulls(tmp_path: Path) -> 
     assert d["retention"]["milestones"] is None and "not measured" in d["retention"]["reason"]
 
 
+@needs_realruns
 def test_bloom_tr1_13b_checkpoint_save_time(tmp_path: Path) -> None:
     """tr1-13B: `save-checkpoint: 57514.53` ms after the save at iteration 33241, then the job exits."""
     import_logs("megatron", [BLOCKS / "tr1-13B-base__chronicles__L207-216.log"], tmp_path, "tr1-13B")
@@ -100,6 +102,7 @@ def test_bloom_tr1_13b_checkpoint_save_time(tmp_path: Path) -> None:
     assert given["current_minutes"] is None  # one checkpoint: no interval
 
 
+@needs_realruns
 def test_bloom_reshaping_restarts(tmp_path: Path) -> None:
     """BLOOM-176B resumed at iteration 94768 seven times under different TP/PP topologies."""
     blocks = sorted(BLOCKS.glob("tr11-176B-ml__reshaping-log__*.log"), key=lambda p: int(p.stem.split("__L")[1].split("-")[0]))
