@@ -149,9 +149,13 @@ class Uploader:
         delay = self.config.retry_initial_seconds
         while True:
             try:
+                # Decided before the pass, not after it: a part the writer renamed into the spool while a pass
+                # was listing it would otherwise be left behind by the last pass (seen as 1 part in the spool,
+                # no error, at close).
+                last_pass = self._stop.is_set() and self._writer_done()
                 self._ship_all()
                 delay, self.last_error = self.config.retry_initial_seconds, None
-                if self._stop.is_set() and self._writer_done():
+                if last_pass:
                     self._end_claims()
                     return
             except Exception as err:  # noqa: BLE001 - an outage or anything else: wait, then try again
