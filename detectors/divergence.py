@@ -128,6 +128,12 @@ def act_growth_start(steps: np.ndarray, act: np.ndarray, before_step: int,
     return growth_start(steps, act, before_step, min_growth)
 
 
+def warm_restart(low: float, first: float, trained_max: float) -> bool:
+    """One step from ``low`` back up to a level the run already trained at (``trained_max``, 5% slack): the
+    schedule's warm restart, not a raise that could cause a divergence."""
+    return first >= 1.5 * low and first <= 1.05 * trained_max
+
+
 def lr_rise_start(steps: np.ndarray, lr: np.ndarray, onset: int, until: int | None = None) -> int | None:
     """Index of the first row of a learning-rate rise (to >= 1.5x its lowest point in the last
     ``LR_LOOKBACK`` rows, looking twice as far back while that point is the window's first row: a slow ramp
@@ -155,7 +161,7 @@ def lr_rise_start(steps: np.ndarray, lr: np.ndarray, onset: int, until: int | No
             return None
         first = int(idx[k + 1])
         trained = lr[:low + 1][np.isfinite(lr[:low + 1])]
-        if lr[first] >= 1.5 * lr[low] and lr[first] <= 1.05 * float(trained.max()):
+        if warm_restart(lr[low], lr[first], float(trained.max())):
             lo = first  # a warm restart: look for a rise after it
             continue
         return first
@@ -380,8 +386,8 @@ def lr_raised_since(steps: np.ndarray, lr: np.ndarray, history: int = 0) -> int 
     first = k + 1
     if idx[first] <= history or in_warmup(steps, lr, int(steps[idx[first]])):
         return None
-    if v[first] >= 1.5 * v[k] and v[first] <= 1.05 * float(v[:k + 1].max()):
-        return None  # a warm restart
+    if warm_restart(v[k], v[first], float(v[:k + 1].max())):
+        return None
     return int(idx[first])
 
 
