@@ -186,11 +186,11 @@ def _actions(target: Finding, ckpt: dict | None, skip: list[int], fp16: bool) ->
     actions = [f"restart from {where} and skip batches {skip[0]}-{skip[1]}"]
     ev = target.evidence
     ratio, before, at = ev.get("lr_ratio"), ev.get("lr_before"), ev.get("lr_at_onset")
-    if ratio and ratio >= 1.5 and before and at:
+    if ev.get("lr_raised") and ratio and before and at:
         actions.append(f"the learning rate rose x{ratio:.3g} just before the onset ({before:.3g} -> {at:.3g}): "
                        "restore it before resuming")
     if target.kind == "divergence":
-        lr_text = f" ({at:.3g} -> {at * 0.5:.3g})" if at and not (ratio and ratio >= 1.5) else ""
+        lr_text = f" ({at:.3g} -> {at * 0.5:.3g})" if at and not ev.get("lr_raised") else ""
         actions.append(f"lower the learning rate x0.5{lr_text}")
         actions.append("tighten gradient clipping (e.g. max norm 1.0 -> 0.3)")
     if target.kind == "bad_resume":
@@ -256,7 +256,7 @@ def advise(findings: list[Finding], checkpoints: list[dict], main: dict[str, np.
     evidence.update(positions)
     evidence["cutoff_step"] = cutoff
     evidence["rejected_checkpoints"] = rejected[:10]
-    for key in ("lr_before", "lr_at_onset", "lr_ratio"):
+    for key in ("lr_before", "lr_at_onset", "lr_ratio", "lr_raised"):
         evidence[key] = target.evidence.get(key)
     fp16 = bool(np.isfinite(main["loss_scale"]).any())
     actions = _actions(target, chosen, skip, fp16)

@@ -58,6 +58,29 @@ class BaselineConfig:
 
 
 @dataclass(kw_only=True, frozen=True)
+class LRConfig:
+    """What counts as a learning-rate cause, read from the stored LR by every loss detector (one reading: the
+    spike's LR story, the divergence's onset and its change-point test, and the advice all use these)."""
+
+    raise_factor: float = 1.5
+    """An LR at least 1.5x the LR the run trained at just before is a raise, the cause of what follows it.
+    Schedules move the LR smoothly (cosine and linear decay change it well under 1% per step, and only
+    downwards after the warm-up, which is excused separately), so a 1.5x rise within the ~16 rows of "before"
+    is an operator's change or a fault, never the schedule. A smaller rise is not named as the cause (its
+    effect on the loss is still judged by the detectors, only without the LR story)."""
+    flat: float = 1.1
+    """An LR within 10% of its level is unchanged: a jump from a flat level, not a ramp already under way (a
+    ramp's first rows are already its cause; only a jump moves an onset forward to it)."""
+    restart_slack: float = 1.05
+    """A warm restart returns the LR to a level the run already trained at, within 5% (float rounding of the
+    schedule's peak, or a restart peak a little lower than the first): the schedule, not a cause."""
+
+    def __post_init__(self) -> None:
+        _check(self.raise_factor > self.flat >= 1 and self.restart_slack >= 1,
+               "need raise_factor > flat >= 1 and restart_slack >= 1")
+
+
+@dataclass(kw_only=True, frozen=True)
 class SpikeConfig:
     """Loss spikes: large single excursions (Shewhart) and small sustained shifts (CUSUM) of loss and grad norm."""
 
@@ -109,10 +132,6 @@ class SpikeConfig:
     count: the loss 50% above the median of the earlier observations..."""
     cold_grad_ratio: float = 2.0
     """...with the gradient norm (when logged) at least doubled: a per-batch loss bump rarely moves both."""
-    lr_margin: float = 1.5
-    """An excursion that follows an LR rise staying within this factor of the segment's highest earlier LR
-    is the schedule (a warm restart), annotated as 'info'; an LR beyond it (a burst) is the cause of a spike."""
-
     def __post_init__(self) -> None:
         _check(0 < self.z_band < self.z_trigger, "need 0 < z_band < z_trigger")
         _check(0 < self.tail_risk < 0.01, "tail_risk must be in (0, 0.01)")
@@ -366,6 +385,7 @@ class DetectorConfig:
     baseline: BaselineConfig = field(default_factory=BaselineConfig)
     spike: SpikeConfig = field(default_factory=SpikeConfig)
     divergence: DivergenceConfig = field(default_factory=DivergenceConfig)
+    lr: LRConfig = field(default_factory=LRConfig)
     scaler: ScalerConfig = field(default_factory=ScalerConfig)
     stall: StallConfig = field(default_factory=StallConfig)
     slowdown: SlowdownConfig = field(default_factory=SlowdownConfig)

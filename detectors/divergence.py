@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from runwatch.detectors.config import DivergenceConfig
+from runwatch.detectors.config import DivergenceConfig, LRConfig
 from runwatch.detectors.core import MAD_TO_SIGMA, BlockBaseline, row_median
 from runwatch.detectors.finding import Finding, fmt_value
 from runwatch.detectors.scanner import Observations, ScanContext, own_findings
@@ -128,17 +128,17 @@ def act_growth_start(steps: np.ndarray, act: np.ndarray, before_step: int,
     return growth_start(steps, act, before_step, min_growth)
 
 
-def warm_restart(low: float, first: float, trained_max: float) -> bool:
-    """One step from ``low`` back up to a level the run already trained at (``trained_max``, 5% slack): the
-    schedule's warm restart, not a raise that could cause a divergence."""
-    return first >= 1.5 * low and first <= 1.05 * trained_max
+def warm_restart(low: float, first: float, trained_max: float, lrc: LRConfig) -> bool:
+    """One step from ``low`` back up to a level the run already trained at (``trained_max``, within
+    ``restart_slack``): the schedule's warm restart, not a raise that could cause a divergence."""
+    return first >= lrc.raise_factor * low and first <= lrc.restart_slack * trained_max
 
 
-def lr_rise_start(steps: np.ndarray, lr: np.ndarray, onset: int, until: int | None = None) -> int | None:
-    """Index of the first row of a learning-rate rise (to >= 1.5x its lowest point in the last
+def lr_rise_start(steps: np.ndarray, lr: np.ndarray, onset: int, lrc: LRConfig, until: int | None = None) -> int | None:
+    """Index of the first row of a learning-rate rise (to >= ``raise_factor`` x its lowest point in the last
     ``LR_LOOKBACK`` rows, looking twice as far back while that point is the window's first row: a slow ramp
     started before it) that runs into the onset: the first update under the raised LR, the cause. A ramp may
-    reach 1.5x only after the loss began to move, so the rise is measured up to ``until`` (the excursion's
+    reach the factor only after the loss began to move, so the rise is measured up to ``until`` (the excursion's
     peak; default the onset): a cause only has to precede the worst of its effect. None without one. The
     schedule is no cause: the warm-up that opens the run, or a warm restart (one step back up to a level the
     run already trained at, as the spike detector's ``lr_scheduled`` reads it); a rise after a restart
@@ -156,12 +156,12 @@ def lr_rise_start(steps: np.ndarray, lr: np.ndarray, onset: int, until: int | No
             continue
         top = lr[onset:max(onset, until if until is not None else onset) + 1]
         top = float(np.nanmax(top)) if np.isfinite(top).any() else lr[onset]
-        if low >= onset or not lr[onset] > lr[low] or not top >= 1.5 * lr[low] \
+        if low >= onset or not lr[onset] > lr[low] or not top >= lrc.raise_factor * lr[low] \
                 or in_warmup(steps, lr, int(steps[low])):
             return None
         first = int(idx[k + 1])
         trained = lr[:low + 1][np.isfinite(lr[:low + 1])]
-        if warm_restart(lr[low], lr[first], float(trained.max())):
+        if warm_restart(lr[low], lr[first], float(trained.max()), lrc):
             lo = first  # a warm restart: look for a rise after it
             continue
         return first
@@ -179,8 +179,9 @@ def lr_before(lr: np.ndarray, onset: int, history: int = 0) -> float | None:
     return float(np.median(before)) if len(before) else None
 
 
-def lr_jump_inside(steps: np.ndarray, lr: np.ndarray, onset: int, until: int, history: int = 0) -> int | None:
-    """The row of an LR jump inside an excursion: the first row in (onset, until] at >= 1.5x the LR before
+def lr_jump_inside(steps: np.ndarray, lr: np.ndarray, onset: int, until: int, lrc: LRConfig,
+                   history: int = 0) -> int | None:
+    """The row of an LR jump inside an excursion: the first row in (onset, until] at >= ``raise_factor`` x the LR before
     the onset, with the LR still at that level from the onset to it and after the opening warm-up; else None.
 
     An onset estimated from the loss alone can land a few rows early (a heavy-tailed batch, a hinge fit
@@ -190,18 +191,18 @@ def lr_jump_inside(steps: np.ndarray, lr: np.ndarray, onset: int, until: int, hi
     if level is None or until <= onset:
         return None
     inside = lr[onset + 1:until + 1]
-    hit = np.flatnonzero(np.isfinite(inside) & (inside >= 1.5 * level))
+    hit = np.flatnonzero(np.isfinite(inside) & (inside >= lrc.raise_factor * level))
     if not len(hit):
         return None
     jump = onset + 1 + int(hit[0])
     flat = lr[onset:jump]  # a ramp's first rows are already its cause: only a jump from the level moves the onset
-    if not np.all(np.isfinite(flat) & (flat <= 1.1 * level)) or in_warmup(steps, lr, int(steps[jump])):
+    if not np.all(np.isfinite(flat) & (flat <= lrc.flat * level)) or in_warmup(steps, lr, int(steps[jump])):
         return None
     return jump
 
 
 def cause_start(steps: np.ndarray, obs: Observations, onset: int, history: int, cfg: DivergenceConfig,
-                until: int | None = None) -> tuple[int, dict]:
+                lrc: LRConfig, until: int | None = None) -> tuple[int, dict]:
     """Move an onset (an index) back to where the trend broke: the gradient or activation norm began growing
     into it (after the opening warm-up), or the learning rate began rising into it, by the excursion's peak
     ``until`` (DETECTION.md section 5: the change point, not the step where the loss crossed a line). Never
@@ -209,7 +210,7 @@ def cause_start(steps: np.ndarray, obs: Observations, onset: int, history: int, 
     at = int(steps[onset])
     act = growth_start(steps, obs["act_norm"], at, cfg.act_growth) if "act_norm" in obs else None
     grad = growth_start(steps, obs["grad_norm"], at, cfg.grad_growth) if "grad_norm" in obs else None
-    rise = lr_rise_start(steps, obs["lr"], onset, until) if "lr" in obs else None
+    rise = lr_rise_start(steps, obs["lr"], onset, lrc, until) if "lr" in obs else None
     lr_step = int(steps[rise]) if rise is not None else None
     floor = int(steps[history]) if history < len(steps) else at
     if "lr" in obs:  # norms growing inside the opening LR warm-up are the model answering the rising LR
@@ -305,16 +306,17 @@ class DivergenceScanner:
             if early is not None:
                 out.append(early)
             else:
-                shift = lr_level_shift(obs, self.ctx.history, self.cfg, self.ctx.segment)
+                shift = lr_level_shift(obs, self.ctx.history, self.cfg, self.ctx.config.lr, self.ctx.segment)
                 if shift is not None:
                     out.append(shift)
         return own_findings(out, obs["step"], self.ctx.history)
 
     def _classify(self, ep: dict, end: int, recovered: bool, obs: Observations) -> Finding:
         steps, loss, grad, act, lr = obs["step"], obs["loss"], obs["grad_norm"], obs["act_norm"], obs["lr"]
-        jump = lr_jump_inside(steps, lr, ep["onset"], ep["confirm"], self.ctx.history)
+        jump = lr_jump_inside(steps, lr, ep["onset"], ep["confirm"], self.ctx.config.lr, self.ctx.history)
         start = jump if jump is not None else ep["onset"]
-        onset, growth = cause_start(steps, obs, start, self.ctx.history, self.cfg, until=ep["confirm"])
+        onset, growth = cause_start(steps, obs, start, self.ctx.history, self.cfg, self.ctx.config.lr,
+                                    until=ep["confirm"])
         best, best_b, sigma = ep["best"]
         before = slice(best_b * self.block, (best_b + 1) * self.block)
         during = slice(onset, end + 1)
@@ -353,7 +355,7 @@ class DivergenceScanner:
         if act_ratio is None or grad_ratio is None or act_ratio < self.cfg.precursor_act \
                 or grad_ratio < self.cfg.precursor_grad:
             return None
-        rise = lr_rise_start(steps, obs["lr"], i)  # an LR rising into the climb is where it began
+        rise = lr_rise_start(steps, obs["lr"], i, self.ctx.config.lr)  # an LR rising into the climb is where it began
         onset = int(steps[rise]) if rise is not None else climb
         return Finding(kind="divergence", onset_step=onset, end_step=int(steps[-1]), peak_step=int(steps[-1]),
                        segment=self.ctx.segment, severity="critical", self_recovered=False, needs_action=True,
@@ -368,16 +370,16 @@ SHIFT_BLOCK = 8
 """Observations per block when the spread of the loss level is measured for the LR change-point test."""
 
 
-def lr_raised_since(steps: np.ndarray, lr: np.ndarray, history: int = 0) -> int | None:
-    """The first row of the LR's current raise, or None: the last row at which the LR stood 1.5x or more
+def lr_raised_since(steps: np.ndarray, lr: np.ndarray, lrc: LRConfig, history: int = 0) -> int | None:
+    """The first row of the LR's current raise, or None: the last row at which the LR stood ``raise_factor`` x or more
     below its value now, walked back to the low its rise started from (a ramp's first row, not the row where
-    it crossed 1.5x). Not inside the opening warm-up, and not a warm restart (one step back up to a level the
+    it crossed the factor). Not inside the opening warm-up, and not a warm restart (one step back up to a level the
     run already trained at): those are the schedule."""
     idx = np.flatnonzero(np.isfinite(lr) & (lr > 0))
     if len(idx) < 3 or idx[-1] != len(lr) - 1:
         return None
     v = lr[idx]
-    low = np.flatnonzero(v <= v[-1] / 1.5)
+    low = np.flatnonzero(v <= v[-1] / lrc.raise_factor)
     if not len(low):
         return None
     k = int(low[-1])
@@ -386,12 +388,13 @@ def lr_raised_since(steps: np.ndarray, lr: np.ndarray, history: int = 0) -> int 
     first = k + 1
     if idx[first] <= history or in_warmup(steps, lr, int(steps[idx[first]])):
         return None
-    if warm_restart(v[k], v[first], float(v[:k + 1].max())):
+    if warm_restart(v[k], v[first], float(v[:k + 1].max()), lrc):
         return None
     return int(idx[first])
 
 
-def lr_level_shift(obs: Observations, history: int, cfg: DivergenceConfig, segment: int) -> Finding | None:
+def lr_level_shift(obs: Observations, history: int, cfg: DivergenceConfig, lrc: LRConfig,
+                   segment: int) -> Finding | None:
     """A divergence at a known change point: the LR was raised off the schedule and stayed up, and the loss
     level since is above the level before by ``lr_shift_z`` standard errors (and 5% of it) at the last step.
 
@@ -399,7 +402,7 @@ def lr_level_shift(obs: Observations, history: int, cfg: DivergenceConfig, segme
     with the change point given by the LR, two medians suffice. Their standard error comes from the spread
     of the block medians before the rise (noise and wander at the scale of a block), scaled to each window."""
     steps, loss, lr = obs["step"], obs["loss"], obs["lr"]
-    rise = lr_raised_since(steps, lr, history)
+    rise = lr_raised_since(steps, lr, lrc, history)
     if rise is None:
         return None
     history_rows = loss[max(history, rise - 16 * SHIFT_BLOCK):rise]
@@ -432,11 +435,13 @@ def lr_level_shift(obs: Observations, history: int, cfg: DivergenceConfig, segme
     detected = next((j for j in looks if lift(max(rise, j + 1 - window), j + 1)[0] >= cfg.lr_shift_z), len(loss) - 1)
     span = np.where(np.isfinite(loss[rise:]), loss[rise:], -np.inf)
     peak = rise + int(np.argmax(span))
-    ratio = float(lr[-1] / lr[rise - 1]) if rise > 0 and lr[rise - 1] > 0 else None
+    before_lr, now_lr = (float(lr[rise - 1]) if rise > 0 and lr[rise - 1] > 0 else None), float(lr[-1])
+    ratio = now_lr / before_lr if before_lr else None
     after_level = level + rise_now
     return Finding(kind="divergence", onset_step=int(steps[rise]), end_step=int(steps[-1]), peak_step=int(steps[peak]),
                    segment=segment, severity="critical", self_recovered=False, needs_action=True,
-                   evidence={"lr_rise_step": int(steps[rise]), "lr_ratio": ratio, "loss_before": level,
+                   evidence={"lr_rise_step": int(steps[rise]), "lr_before": before_lr, "lr_at_onset": now_lr,
+                             "lr_ratio": ratio, "lr_raised": True, "loss_before": level,
                              "loss_after": after_level, "shift_se": z_now, "detected_step": int(steps[detected]),
                              "rule": "lr_change_point"},
                    message=f"loss level up since the learning rate was raised at step {int(steps[rise])}"

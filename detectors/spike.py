@@ -29,6 +29,7 @@ import math
 
 import numpy as np
 
+from runwatch.detectors.config import LRConfig
 from runwatch.detectors.core import (
     BlockBaseline,
     Episode,
@@ -382,38 +383,40 @@ class SpikeScanner:
         return [f for f in out if f is not None]
 
 
-def _lr_story(lr: np.ndarray, onset: int, end: int, history: int, patience: int, peak: int | None = None) -> dict:
+def _lr_story(lr: np.ndarray, onset: int, end: int, history: int, patience: int, lrc: LRConfig,
+              peak: int | None = None) -> dict:
     """The LR around the onset, read from the data: the highest LR of the updates that produced the
     excursion up to its peak (from the row before the onset, and the onset row for a burst between coarse
-    rows) against the LR before. Up to the peak, not at the onset only: a ramp reaches 1.5x after the loss
+    rows) against the LR before. Up to the peak, not at the onset only: a ramp reaches ``raise_factor`` after the loss
     began to move, and a noisy first row can open the excursion a few rows before the LR jump that makes it."""
     level = lr_before(lr, onset, history)
     cause = lr[max(onset - 1, 0):max(onset, peak if peak is not None else onset) + 1]
     cause = cause[np.isfinite(cause)]
     if level is None or not len(cause):
-        return {"lr_before": None, "lr_at_onset": None, "lr_ratio": None, "lr_still_raised": False,
-                "lr_scheduled": False}
+        return {"lr_before": None, "lr_at_onset": None, "lr_ratio": None, "lr_raised": False,
+                "lr_still_raised": False, "lr_scheduled": False}
     lr_cause = float(cause.max())
     ratio = lr_cause / level
+    raised = bool(ratio >= lrc.raise_factor)
     # Still raised: over the episode (not at its last row only: a warm restart may land there), nearer the
     # raised LR than the one before in log terms (a warm-up that goes on rising after a one-step burst is not
     # the burst staying up).
     during = lr[onset:end + 1]
     during = during[np.isfinite(during)]
-    still = bool(ratio >= 1.5 and len(during)
-                 and float(np.median(during)) >= max(1.5 * level, math.sqrt(level * lr_cause)))
+    still = bool(raised and len(during)
+                 and float(np.median(during)) >= max(lrc.raise_factor * level, math.sqrt(level * lr_cause)))
     first = max(history, onset - 1 - LR_BEFORE_ROWS)
     window = lr[first:onset + 1]
-    rise = np.flatnonzero(np.isfinite(window) & (window >= 1.5 * level))
+    rise = np.flatnonzero(np.isfinite(window) & (window >= lrc.raise_factor * level))
     rise_at = first + int(rise[0]) if len(rise) else onset
     earlier = lr[history:rise_at]  # the LR the run trained at before this rise
     earlier = earlier[np.isfinite(earlier)]
     held = lr[onset:onset + patience]
     # The schedule: the LR went back to a level the run already trained at and stayed there (a warm restart).
-    scheduled = bool(ratio >= 1.5 and len(earlier) and lr_cause <= 1.05 * float(earlier.max())
+    scheduled = bool(raised and len(earlier) and lr_cause <= lrc.restart_slack * float(earlier.max())
                      and len(held) >= patience and np.all(held >= 0.5 * lr_cause))
-    return {"lr_before": level, "lr_at_onset": lr_cause, "lr_ratio": ratio, "lr_still_raised": still,
-            "lr_scheduled": scheduled}
+    return {"lr_before": level, "lr_at_onset": lr_cause, "lr_ratio": ratio, "lr_raised": raised,
+            "lr_still_raised": still, "lr_scheduled": scheduled}
 
 
 def classify(sc: SpikeScanner, ep: Episode, obs: Observations) -> Finding | None:
@@ -423,7 +426,8 @@ def classify(sc: SpikeScanner, ep: Episode, obs: Observations) -> Finding | None
     onset, end = ep.onset, (ep.end if not ep.is_open else n - 1)
     zl, zg = sc.residuals(ep, loss, onset, end + 1)
     z = np.nan_to_num(zl, nan=-np.inf)
-    jump = lr_jump_inside(steps, obs["lr"], onset, onset + int(np.argmax(z)) if len(z) else onset, sc.ctx.history)
+    jump = lr_jump_inside(steps, obs["lr"], onset, onset + int(np.argmax(z)) if len(z) else onset, sc.ctx.config.lr,
+                          sc.ctx.history)
     if jump is not None and np.median(z[:jump - onset]) < cfg.z_band:
         # The loss was in band until the LR jumped: the excursion began with the jump, before it was noise.
         zl, zg, onset = zl[jump - onset:], zg[jump - onset:], jump
@@ -447,7 +451,7 @@ def classify(sc: SpikeScanner, ep: Episode, obs: Observations) -> Finding | None
     peak_i = onset + int(np.argmax(zl_c if loss_moved else zg_c))
     # The LR up to the peak is the cause's, except inside the opening warm-up, whose rise is the schedule's.
     lr_peak = None if in_warmup(steps, obs["lr"], int(steps[peak_i])) else peak_i
-    lr_story = _lr_story(obs["lr"], onset, end, sc.ctx.history, cfg.patience_obs, lr_peak)
+    lr_story = _lr_story(obs["lr"], onset, end, sc.ctx.history, cfg.patience_obs, sc.ctx.config.lr, lr_peak)
     lasting = _lasting_cost(sc, ep, loss, n) if recovered else {}
     # Worse than its trend would have been AND not even back to where it was: the spike cost real progress.
     costly = bool(lasting and min(lasting["lasting_cost_sigmas"], lasting["lasting_above_level_sigmas"]) >= cfg.lasting_sigmas
@@ -482,7 +486,7 @@ def classify(sc: SpikeScanner, ep: Episode, obs: Observations) -> Finding | None
         "recovery_steps": int(steps[ep.recovered_at] - steps[onset]) if ep.recovered_at is not None else None,
     }
     if recovered is False or lr_story["lr_still_raised"]:  # a divergence's onset is where the trend broke
-        at, _ = cause_start(steps, obs, onset, sc.ctx.history, sc.ctx.config.divergence, until=peak_i)
+        at, _ = cause_start(steps, obs, onset, sc.ctx.history, sc.ctx.config.divergence, sc.ctx.config.lr, until=peak_i)
         evidence["trend_break_step"] = int(steps[at])
     return Finding(kind="spike", onset_step=int(steps[onset]), end_step=int(steps[end]), peak_step=int(steps[peak_i]),
                    segment=sc.ctx.segment, severity=severity, self_recovered=recovered, needs_action=needs,
@@ -526,7 +530,7 @@ def _message(ev: dict, onset_step: int, recovered: bool | None, loss_moved: bool
         text += f", grad norm {ev['baseline_grad_norm']:.3g} -> {ev['peak_grad_norm']:.3g}"
     if ev["grad_norm_moved_first"]:
         text += " (grad norm moved first)"
-    if ev.get("lr_ratio") and ev["lr_ratio"] >= 1.5:
+    if ev.get("lr_raised"):
         text += f" after the LR rose x{ev['lr_ratio']:.3g}" + (" (the schedule)" if ev["lr_scheduled"] else "")
     if recovered is True:
         text += f"; back to its trend after {ev['recovery_steps']} steps"
