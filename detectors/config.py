@@ -263,8 +263,10 @@ class SlowdownConfig:
     observation must exceed to count as slow."""
     min_sigmas: float = 4.0
     """The median slowdown over the episode must also be this many sigmas of the run's own variability
-    (wander included, and raised by how uncertain that variability still is: see ``SlowdownScanner``): a
-    noisy host's wander itself reaches 3-4 sigma for tens of steps now and then; set with
+    (wander included, and raised by how uncertain that variability still is: see ``SlowdownScanner``), the
+    sigma of a median over the episode's length: one observation's sigma for an episode shorter than the
+    wander's correlation time, shrinking as 1/sqrt(length / correlation time) beyond it (a noisy host's wander
+    reaches 3-4 sigma for tens of steps now and then, not for many correlation times); set with
     ``bench/calibrate.py``."""
     cusum_k: float = 1.5
     """CUSUM reference value over the variability-scaled log step time: half of a 3-sigma shift, the smallest

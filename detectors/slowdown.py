@@ -8,7 +8,10 @@ open a slowdown: ``min_obs`` observations in a row at least ``min_rise``
 slower and ``z`` sigmas out (a sudden slow node), or a CUSUM of the clipped
 residuals of observations at least ``min_rise`` slower passing ``cusum_h`` (a
 moderate slowdown that lasts). It ends when two observations in a row are
-back inside the band. A slowdown never needs a rollback; it is a 'warning'
+back inside the band, unless it opens again within the wander's correlation
+time (one slow spell). Its median is judged against the variability of a
+median over as many observations: the wander averages down over a spell many
+correlation times long. A slowdown never needs a rollback; it is a 'warning'
 from ``warn_rise`` up and 'info' below, and one under ``warn_rise`` must last
 ``min_small_obs`` observations; any must span ``min_steps`` training steps.
 """
@@ -97,24 +100,45 @@ class SlowdownScanner:
             lv, sc = self.base.at(trigger, trigger + 1)
         self.episode = Episode(onset=at, trigger=trigger, rule="cusum" if s[j] > cfg.cusum_h else "shewhart",
                                frozen={"level": float(lv[0]), "scale": float(sc[0]),
-                                       "scale_ucb": float(sc[0]) * self._uncertainty(at)},
+                                       **self._variability(at, float(sc[0]))},
                                end=trigger, data={"last_slow": trigger})
         self.pos, self.slow_run = trigger + 1, 0
 
-    def _uncertainty(self, i: int) -> float:
-        """How much the variability measured before observation i may understate the host's: its sigma is
-        known to about 1/sqrt(2 n_eff), with n_eff the blocks seen discounted for their autocorrelation
-        (n (1 - rho) / (1 + rho) for an AR(1) wander); a MAD doubles that. So 1 + 2 / sqrt(n_eff): a calm
-        stretch early in a noisy host's run does not make its normal wander look like a slowdown."""
-        med = self.base.med.view[:i // self.cfg.block][-self.cfg.wander_blocks:]
-        med = med[np.isfinite(med)]
-        if len(med) < 3:
-            return 3.0
-        a, b = med[:-1] - med[:-1].mean(), med[1:] - med[1:].mean()
+    def _variability(self, i: int, scale: float) -> dict:
+        """The host's variability as known before observation i, from the block medians' autocorrelation
+        rho (an AR(1) wander): its correlation time ``tau_obs`` = block (1 + rho) / (1 - rho) observations
+        (rho at its upper bound),
+        and ``scale_ucb``, the sigma raised by how uncertain it still is. A sigma is known to about
+        1/sqrt(2 n_eff), with n_eff = n (1 - rho) / (1 + rho) the blocks seen discounted for their
+        autocorrelation; a MAD doubles that, so 1 + 2 / sqrt(n_eff): a calm stretch early in a noisy host's
+        run does not make its normal wander look like a slowdown."""
+        nb = min(i // self.cfg.block, self.base.med.size)
+        lo = max(0, nb - self.cfg.wander_blocks)
+        med = self.base.med.view[lo:nb]
+        keep = np.isfinite(med)  # blocks of earlier slowdowns are not the host's normal wander
+        if self.base.excluded.size:
+            gone = np.zeros(len(med), bool)
+            view = self.base.excluded.view[lo:nb]
+            gone[:len(view)] = view
+            keep &= ~gone
+        if keep.sum() < 3:
+            return {"scale_ucb": 3.0 * scale, "tau_obs": math.inf, "tau_join": 0.0}
+        pair = keep[:-1] & keep[1:]  # lag-1 pairs of adjacent normal blocks
+        x, y = med[:-1][pair], med[1:][pair]
+        a, b = x - x.mean(), y - y.mean()
         denom = math.sqrt(float((a * a).sum() * (b * b).sum()))
         rho = min(max(float((a * b).sum()) / denom, 0.0), 0.99) if denom > 0 else 0.0
-        n_eff = max(len(med) * (1 - rho) / (1 + rho), 1.0)
-        return 1.0 + 2.0 / math.sqrt(n_eff)
+        n = int(keep.sum())
+        n_eff = max(n * (1 - rho) / (1 + rho), 1.0)
+        # The correlation time from an upper bound on rho (two standard errors of an AR(1) estimate,
+        # sqrt((1 - rho^2) / n)): a wander measured over few blocks may be slower than it looked, and a
+        # too-short tau would average it away. Spells are joined over the lower bound (a pause is called part
+        # of a spell only when it is surely shorter than the wander's memory).
+        se = 2.0 * math.sqrt((1 - rho * rho) / n)
+        rho_hi, rho_lo = min(rho + se, 0.99), max(rho - se, 0.0)
+        return {"scale_ucb": scale * (1.0 + 2.0 / math.sqrt(n_eff)),
+                "tau_obs": self.cfg.block * (1 + rho_hi) / (1 - rho_hi),
+                "tau_join": self.cfg.block * (1 + rho_lo) / (1 - rho_lo)}
 
     def _follow(self, n: int) -> None:
         ep, lo = self.episode, self.pos
@@ -140,13 +164,16 @@ class SlowdownScanner:
         steps, step_time, cfg = obs["step"], obs["step_time"], self.cfg
         items = [(ep, True) for ep in self.closed] + ([(self.episode, None)] if self.episode else [])
         out = []
-        for ep, recovered in items:
-            end = ep.data["last_slow"]
+        for ep, end, recovered in _spells(items):
             span = step_time[ep.onset:end + 1]
             base = math.exp(ep.frozen["level"])
             level = float(np.nanmedian(span))
             rise = level / base - 1
-            if rise < cfg.min_rise or math.log1p(rise) < cfg.min_sigmas * ep.frozen["scale_ucb"]:
+            # The episode's median against the variability of a median over as many observations: the
+            # wander averages down once the episode outlasts its correlation time (never below one tau).
+            n_obs = int(np.isfinite(span).sum())
+            spread = ep.frozen["scale_ucb"] * math.sqrt(min(1.0, ep.frozen["tau_obs"] / max(n_obs, 1)))
+            if rise < cfg.min_rise or math.log1p(rise) < cfg.min_sigmas * spread:
                 continue  # within the run's own variability (a noisy host wanders this much by itself)
             if rise < cfg.warn_rise and end - ep.onset + 1 < cfg.min_small_obs:
                 continue  # a few percent for a few observations is machine jitter, not a slowdown
@@ -166,6 +193,21 @@ class SlowdownScanner:
                         f"({base:.3g}s -> {level:.3g}s per step, normal variability "
                         f"{math.expm1(ep.frozen['scale']):.0%}); {state}"))
         return out
+
+
+def _spells(items: list[tuple[Episode, bool | None]]) -> list[tuple[Episode, int, bool | None]]:
+    """Episodes as slow spells: (first episode, last slow observation, recovered). An episode that opens
+    again within the wander's correlation time (``tau_join``, its lower bound) of the last one's last slow observation
+    continues it: a host's state outlives a few observations back in band (a moderate slowdown near the
+    band's edge dips in and out of it), so that pause is no evidence the slowdown ended."""
+    spells: list[list] = []
+    for ep, recovered in items:
+        last = spells[-1] if spells else None
+        if last is not None and ep.onset - last[1] <= last[0].frozen["tau_join"]:
+            last[1], last[2] = ep.data["last_slow"], recovered
+        else:
+            spells.append([ep, ep.data["last_slow"], recovered])
+    return [tuple(spell) for spell in spells]
 
 
 def detect_slowdowns(steps: np.ndarray, step_time: np.ndarray, segment: int = 0,

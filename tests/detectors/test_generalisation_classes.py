@@ -486,11 +486,16 @@ def test_15_a_small_lasting_lift_after_an_lr_raise_is_a_divergence(seed: int) ->
     """The LR is raised x5 at step 1000 (past any level it trained at) and stays; the loss sits 0.4 higher (13% of it, 4 per-step sigmas on a
     level that wanders, under the spike detector's bars while its baseline catches up). A divergence from 1000, advising checkpoint 990.
     Fails on the commit before this test for three of the four seeds (no finding: the CUSUM's baseline absorbed
-    the lift before it reached its bar)."""
+    the lift before it reached its bar). The advice names the raise ("restore it"): fails before 01e1e6b (the
+    change point's finding carried no LR story, so the advice only said to halve the LR)."""
     report = _lift_after_raise(seed, 0.4)
     div = [f for f in report.findings if f.kind == "divergence"]
     assert [(f.onset_step, f.needs_action) for f in div] == [(1000, True)], report.findings
     assert report.rollback.checkpoint_step == 990
+    # The cause is in the advice: the raise, read from the data (x5 of the LR at step 999).
+    assert div[0].evidence["lr_raised"] and div[0].evidence["lr_ratio"] == pytest.approx(5.0, rel=0.05)
+    assert any(a.startswith("the learning rate rose x") and "restore it" in a for a in report.rollback.actions), \
+        report.rollback.actions
 
 
 @pytest.mark.parametrize("case", ["no lift", "came back", "warm restart"])
@@ -564,3 +569,24 @@ def test_15_where_a_jump_under_the_raised_lr_is_found_the_change_point_gives_way
     jump = finding(131, rule="shewhart", from_spike=True, lr_before=0.00247, lr_at_onset=0.241)
     assert merge_overlaps([point, jump]) == [jump]
     assert merge_overlaps([point]) == [point]  # alone, it is the finding
+
+
+# 17. A slowdown's median is judged against the variability of a median over as long a stretch.
+
+@pytest.mark.parametrize("seed", range(4))
+def test_17_a_long_moderate_slowdown_on_a_noisy_host_is_not_taken_for_its_wander(seed: int) -> None:
+    """A host whose step time wanders ~20% for tens of steps (an AR(1) wander, as in test 4 of
+    test_failure_classes) runs 1.8x slower for 1000 steps. One observation of that is within 4 of the host's
+    sigmas (the bar for one observation), but the wander averages down over 1000 steps, many times its
+    correlation time: a slowdown. Fails on the commit before this test (no finding on any seed). Guard: the
+    same host without it pages nothing."""
+    from runwatch.detectors.slowdown import detect_slowdowns
+    from tests.detectors.test_failure_classes import _noisy_host
+
+    n = 20_000
+    st = _noisy_host(n, np.random.default_rng(seed))
+    assert [f for f in detect_slowdowns(np.arange(n), st) if f.severity != "info"] == []
+    st[12_000:13_000] *= 1.8
+    found = [f for f in detect_slowdowns(np.arange(n), st) if f.severity != "info"]
+    assert found and abs(found[0].onset_step - 12_000) <= 50, found
+    assert all(11_950 <= f.onset_step and f.end_step <= 13_050 for f in found), found  # nothing outside it
