@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
+from contextlib import AbstractContextManager as ContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -144,17 +146,29 @@ def compact(root: str | Path, run: str | None = None) -> CompactResult:
     root = Path(root)
     if not root.is_dir():
         raise ValueError(f"{root}: no such directory (expected a runwatch root)")
-    result = CompactResult()
     names = [run] if run is not None else sorted(set(list_runs(root)) | set(staged_runs(root)))
+    return compact_each(names, run, root, lock=lambda name: RunLock(root, name, "compact"),
+                        recover_run=lambda name: recover(root, name),
+                        has_run=lambda name: (root / f"run={name}").is_dir(),
+                        compact_one=lambda name, result: compact_run(root, name, result))
+
+
+def compact_each(names: list[str], run: str | None, where: object, *, lock: Callable[[str], ContextManager],
+                 recover_run: Callable[[str], object], has_run: Callable[[str], bool],
+                 compact_one: Callable[[str, CompactResult], None]) -> CompactResult:
+    """The loop both backends share: each run under its lock, what a killed writer left recovered first. With
+    ``run`` named, a missing run is an error and a busy one raises; over every run they are skipped (busy
+    ones named in ``busy``)."""
+    result = CompactResult()
     for name in names:
         try:
-            with RunLock(root, name, "compact"):
-                recover(root, name)  # first finish or undo what a killed writer of this run left
-                if not (root / f"run={name}").is_dir():
+            with lock(name):
+                recover_run(name)
+                if not has_run(name):
                     if run is None:
                         continue
-                    raise ValueError(f"no run {name!r} under {root}")
-                compact_run(root, name, result)
+                    raise ValueError(f"no run {name!r} under {where}")
+                compact_one(name, result)
         except RunBusy as err:
             if run is not None:
                 raise
@@ -162,4 +176,4 @@ def compact(root: str | Path, run: str | None = None) -> CompactResult:
     return result
 
 
-__all__ = ["CompactResult", "compact", "compact_partition", "compact_run"]
+__all__ = ["CompactResult", "compact", "compact_each", "compact_partition", "compact_run"]

@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from runwatch.data.compact import CompactResult, _merge_events, _merge_metrics
-from runwatch.data.locks import RunBusy
+from runwatch.data.compact import CompactResult, _merge_events, _merge_metrics, compact_each
 from runwatch.data.objstore import OPS_DIR, ObjectRoot
 from runwatch.data.objwrite import WRITER_CLAIM, ObjectRunLock, live_writers, recover, switch
 from runwatch.data.staging import crash_point
@@ -86,22 +85,10 @@ def compact_run(root: ObjectRoot, run: str, result: CompactResult) -> None:
 def compact_url(url: str, run: str | None = None) -> CompactResult:
     """``compact`` for an object-store root (see ``compact.compact``)."""
     root = ObjectRoot(url)
-    result = CompactResult()
     names = [run] if run is not None else sorted(set(root.runs()) | _runs_with_ops(root))
-    for name in names:
-        try:
-            with ObjectRunLock(root, name, "compact"):
-                recover(root, name)
-                if not root.has_run(name):
-                    if run is None:
-                        continue
-                    raise ValueError(f"no run {name!r} under {url}")
-                compact_run(root, name, result)
-        except RunBusy as err:
-            if run is not None:
-                raise
-            result.busy.append(str(err))
-    return result
+    return compact_each(names, run, url, lock=lambda name: ObjectRunLock(root, name, "compact"),
+                        recover_run=lambda name: recover(root, name), has_run=root.has_run,
+                        compact_one=lambda name, result: compact_run(root, name, result))
 
 
 def _runs_with_ops(root: ObjectRoot) -> set[str]:
