@@ -122,9 +122,10 @@ def run_page(root_dir: str) -> None:
     if report is not None:
         _rollback_card(card, run, report, state.get_store(root_dir).meta(run))
     # A link, not st.code: a code block loads the browser's syntax highlighter (half a second of the page's
-    # main thread for its grammars, on every visit) while the chart is being drawn.
-    st.markdown(f"[:material/link: link to this view]({run_charts.page_link(run, request.steps, request.x)})",
-                help="The run at this step range and x axis: open it, or copy it (right-click, Copy link).")
+    # main thread for its grammars, on every visit) while the chart is being drawn. A link button, not a
+    # Markdown link: no Markdown on these pages holds a link (tests/app/test_security_browser.py).
+    st.link_button("link to this view", run_charts.page_link(run, request.steps, request.x),
+                   help="The run at this step range and x axis: open it, or copy it (right-click, Copy link).")
     rank_view.render(root_dir, run, report, sig)
     segments = state.load_segments(root_dir, run, sig)
     latest = max(s["segment"] for s in segments)

@@ -74,8 +74,8 @@ def test_run_page_with_rollback_card(monkeypatch: pytest.MonkeyPatch, demo_root:
     at.number_input(key="from").set_value(100).run()
     at.number_input(key="to").set_value(200).run()
     no_errors(at)
-    assert any("from=100" in m.value and "to=200" in m.value and "run=demo-diverged" in m.value
-               for m in at.markdown if "link to this view" in m.value)
+    [link] = [b.proto.url for b in at.get("link_button") if b.proto.label == "link to this view"]
+    assert "from=100" in link and "to=200" in link and "run=demo-diverged" in link
 
 
 def test_run_page_shows_segments_of_a_rollback(monkeypatch: pytest.MonkeyPatch, demo_root: Path) -> None:
