@@ -12,6 +12,7 @@ Streamlit's own XSRF token and CORS check stay on behind it.
 
 from __future__ import annotations
 
+import importlib
 import os
 from pathlib import Path
 
@@ -28,6 +29,13 @@ def allowed_hosts_from_env() -> list[str]:
         raise RuntimeError(f"{ALLOWED_HOSTS_ENV} is not set: start the dashboard with `runwatch dashboard`")
     return hosts
 
+
+# What the pages import (pandas, DuckDB, the detectors: about a second on a small machine), imported while the
+# server starts rather than by the first page visit, which would otherwise wait for it before its first chart.
+PAGE_MODULES = ("pandas", "runwatch.app.state", "runwatch.app.run_charts", "runwatch.app.rank_view",
+                "runwatch.app.run_oncall", "runwatch.app.checkpoint_panel", "runwatch.collectors.importers")
+for _name in PAGE_MODULES:
+    importlib.import_module(_name)
 
 app = st.App(Path(__file__).resolve().parent / "dashboard.py",
              middleware=[Middleware(HostGuard, allowed_hosts=allowed_hosts_from_env())])

@@ -17,17 +17,21 @@ import pyarrow as pa
 
 
 def envelope(ds: pa.Table) -> tuple[np.ndarray, np.ndarray]:
-    """x, y through each bucket's first, min, max and last value, in x order.
+    """x, y through each bucket's min and max value, in x order.
 
+    A bucket is about a pixel column of the chart (``state.NUM_BUCKETS``), so
+    its min and max are what that column draws: a one-step spike is some
+    bucket's max. The bucket's first and last value would add two points per
+    pixel that land inside the same column (drawn line within a pixel of the
+    same), doubling what the browser parses and strokes.
     Buckets whose values are all non-finite are skipped (they are drawn as
     markers by ``nonfinite_points``), so a NaN never bends the line.
     """
     if ds.num_rows == 0:
         return np.empty(0), np.empty(0)
-    cols = {c: ds[c].to_numpy(zero_copy_only=False).astype(float) for c in
-            ("x_first", "first", "x_min", "min", "x_max", "max", "x_last", "last")}
-    xs = np.stack([cols["x_first"], cols["x_min"], cols["x_max"], cols["x_last"]], axis=1)
-    ys = np.stack([cols["first"], cols["min"], cols["max"], cols["last"]], axis=1)
+    cols = {c: ds[c].to_numpy(zero_copy_only=False).astype(float) for c in ("x_min", "min", "x_max", "max")}
+    xs = np.stack([cols["x_min"], cols["x_max"]], axis=1)
+    ys = np.stack([cols["min"], cols["max"]], axis=1)
     keep = np.isfinite(ys).all(axis=1) & np.isfinite(xs).all(axis=1)
     xs, ys = xs[keep], ys[keep]
     order = np.argsort(xs, axis=1, kind="stable")

@@ -5,8 +5,8 @@ engineer waits for: Streamlit's page load, the WebSocket round trips, the
 figure's JSON crossing to the browser and Plotly drawing it. This bench
 writes the 1M-step run of ``dashboard_speed.py`` (two segments with an
 abandoned branch, a one-step spike, a NaN), serves it with ``runwatch
-dashboard`` from each interpreter given (a checkout of main and this one,
-taking turns round by round on the same root), and times, in headless
+dashboard`` from each interpreter or checkout given (main's code and this
+one, taking turns round by round on the same root), and times, in headless
 Debian Chromium:
 
 - **cold**: a fresh server (no cached query, figure or judgement) and a fresh
@@ -23,18 +23,25 @@ start), not the test driver's polling. "Judgement shown" is when
 the run's health word ("● action needed", ...) is in the page's heading (the detectors' verdict).
 
     .venv/bin/python bench/browser_speed.py --python /work/main/.venv/bin/python --python .venv/bin/python
-    .venv/bin/python bench/browser_speed.py --steps 1000000 --rounds 3
+    .venv/bin/python bench/browser_speed.py --checkout ../anchor --checkout . --rounds 3
+
+``--checkout DIR`` serves the code of that directory (a worktree, or a
+``git archive`` of a commit) with this interpreter and its packages: the
+server's ``PYTHONPATH`` gets a ``runwatch`` folder linking to DIR's stage
+folders, ahead of the editable install (which points at one checkout only).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -99,14 +106,39 @@ WATCH_SCRIPT = """
 """ % MIN_PANELS
 
 
-def start_server(python: str, root: Path) -> tuple[subprocess.Popen, str]:
+STAGES = ("app", "collectors", "data", "detectors", "economics")
+
+
+@dataclass(frozen=True)
+class Side:
+    """One server to time: an interpreter, and the checkout whose code it serves (None: what it imports)."""
+
+    python: str
+    checkout: Path | None = None
+
+    def env(self, links: Path) -> dict[str, str]:
+        """The server's environment: with a checkout, ``links/runwatch/<stage>`` -> ``checkout/<stage>`` first."""
+        env = dict(os.environ)
+        if self.checkout is None:
+            return env
+        package = links / "runwatch"
+        package.mkdir(parents=True, exist_ok=True)
+        for stage in STAGES:
+            link = package / stage
+            if not link.is_symlink():
+                link.symlink_to(self.checkout.resolve() / stage)
+        env["PYTHONPATH"] = os.pathsep.join([str(links)] + [p for p in [env.get("PYTHONPATH")] if p])
+        return env
+
+
+def start_server(side: Side, root: Path, links: Path) -> tuple[subprocess.Popen, str]:
     import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([python, "-m", "runwatch.app.cli", "dashboard", "--root", str(root), "--port", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen([side.python, "-m", "runwatch.app.cli", "dashboard", "--root", str(root), "--port",
+                             str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=side.env(links))
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 120
     while time.time() < deadline:
@@ -115,10 +147,10 @@ def start_server(python: str, root: Path) -> tuple[subprocess.Popen, str]:
             return proc, url
         except OSError:
             if proc.poll() is not None:
-                raise RuntimeError(f"{python}: the dashboard exited with {proc.returncode}")
+                raise RuntimeError(f"{side.python}: the dashboard exited with {proc.returncode}")
             time.sleep(0.2)
     proc.kill()
-    raise RuntimeError(f"{python}: the dashboard did not come up in 120 s")
+    raise RuntimeError(f"{side.python}: the dashboard did not come up in 120 s")
 
 
 def visit(context, url: str, timeout_s: float = 120.0) -> dict[str, float | None]:
@@ -138,9 +170,9 @@ def visit(context, url: str, timeout_s: float = 120.0) -> dict[str, float | None
         page.close()
 
 
-def measure(python: str, root: Path, run: str, browser) -> dict[str, dict[str, float | None]]:
+def measure(side: Side, root: Path, links: Path, run: str, browser) -> dict[str, dict[str, float | None]]:
     """One cold and one warm visit on a fresh server."""
-    proc, url = start_server(python, root)
+    proc, url = start_server(side, root, links)
     try:
         context = browser.new_context(viewport={"width": 1400, "height": 1800})
         context.add_init_script(WATCH_SCRIPT)
@@ -155,12 +187,17 @@ def measure(python: str, root: Path, run: str, browser) -> dict[str, dict[str, f
     return {"cold": cold, "warm": warm}
 
 
-def code_of(python: str) -> str:
-    out = subprocess.run([python, "-c", "import runwatch.app as a; print(list(a.__path__)[0])"],
-                         capture_output=True, text=True, check=True)
-    app = Path(out.stdout.strip())
+def code_of(side: Side, links: Path) -> str:
+    """Where the side's code lives, and its commit when that is a git checkout."""
+    out = subprocess.run([side.python, "-c", "import runwatch.app as a; print(list(a.__path__)[0])"],
+                         capture_output=True, text=True, check=True, env=side.env(links))
+    app = Path(out.stdout.strip()).resolve()
     head = subprocess.run(["git", "-C", str(app), "log", "-1", "--format=%h"], capture_output=True, text=True)
-    return f"{app.parent.name} @ {head.stdout.strip() or '?'}"
+    return f"{app.parent} @ {head.stdout.strip() or 'not a git checkout'}"
+
+
+def _s(value: float | None) -> str:
+    return "never" if value is None else f"{value:.2f} s"
 
 
 def _fmt(values: list[float | None]) -> str:
@@ -173,39 +210,44 @@ def _fmt(values: list[float | None]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--python", action="append", help="interpreter whose runwatch serves (repeatable; default: this one)")
+    parser.add_argument("--checkout", action="append", type=Path,
+                        help="directory whose code the (first) interpreter serves (repeatable, one side each)")
     parser.add_argument("--steps", type=int, default=1_000_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--root", help="work directory holding the run (default: a temporary one, kept only if given)")
     args = parser.parse_args()
     pythons = args.python or [sys.executable]
+    sides = [Side(pythons[0], c) for c in args.checkout] if args.checkout else [Side(p) for p in pythons]
     base = Path(args.root) if args.root else Path(tempfile.mkdtemp(prefix="runwatch-browser-bench-"))
     root = base / "root"
+    links = Path(tempfile.mkdtemp(prefix="runwatch-browser-bench-code-"))
     if not (root / "run=big").is_dir():
         t0 = time.perf_counter()
         synthetic_run(root, "big", args.steps)
         print(f"wrote {args.steps:,} steps in {time.perf_counter() - t0:.1f} s")
     from playwright.sync_api import sync_playwright
 
-    results = {p: {"cold": [], "warm": [], "cold_judged": [], "warm_judged": []} for p in pythons}
+    results = {side: {"cold": [], "warm": [], "cold_judged": [], "warm_judged": []} for side in sides}
+    names = {side: code_of(side, links / str(i)) for i, side in enumerate(sides)}
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
             for r in range(args.rounds):
-                for python in (pythons if r % 2 == 0 else pythons[::-1]):
-                    out = measure(python, root, "big", browser)
+                for side in (sides if r % 2 == 0 else sides[::-1]):
+                    out = measure(side, root, links / str(sides.index(side)), "big", browser)
                     for kind in ("cold", "warm"):
-                        results[python][kind].append(out[kind]["charts_s"])
-                        results[python][f"{kind}_judged"].append(out[kind]["judged_s"])
-                    print(f"round {r + 1}: {code_of(python)}: cold charts {out['cold']['charts_s']:.2f} s "
-                          f"(verdict {out['cold']['judged_s']}), warm charts {out['warm']['charts_s']:.2f} s "
-                          f"(verdict {out['warm']['judged_s']})", flush=True)
+                        results[side][kind].append(out[kind]["charts_s"])
+                        results[side][f"{kind}_judged"].append(out[kind]["judged_s"])
+                    print(f"round {r + 1}: {names[side]}: cold charts {out['cold']['charts_s']:.2f} s "
+                          f"(verdict {_s(out['cold']['judged_s'])}), warm charts {out['warm']['charts_s']:.2f} s "
+                          f"(verdict {_s(out['warm']['judged_s'])})", flush=True)
         finally:
             browser.close()
     print(f"\n| server ({args.steps:,}-step run page, real Chromium) | cold: charts drawn | cold: verdict shown "
           "| warm: charts drawn | warm: verdict shown |\n|---|---:|---:|---:|---:|")
-    for python in pythons:
-        res = results[python]
-        print(f"| {code_of(python)} | {_fmt(res['cold'])} | {_fmt(res['cold_judged'])} | {_fmt(res['warm'])} "
+    for side in sides:
+        res = results[side]
+        print(f"| {names[side]} | {_fmt(res['cold'])} | {_fmt(res['cold_judged'])} | {_fmt(res['warm'])} "
               f"| {_fmt(res['warm_judged'])} |")
 
 

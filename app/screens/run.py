@@ -90,8 +90,12 @@ def _rollback_card(slot: object, run: str, report: object, meta: dict) -> None:
 
 
 def _segments(segments: list[dict]) -> None:
-    with st.expander(f"segments ({len(segments)})"):
-        st.dataframe(pd.DataFrame(views.segment_rows(segments)), hide_index=True, key="segments_table")
+    # The table is made only once the expander is opened: a closed one would still load the browser's data grid
+    # (a large script chunk) on every visit, while the chart above is being drawn.
+    expander = st.expander(f"segments ({len(segments)})", key="segments_open", on_change="rerun")
+    if expander.open:
+        with expander:
+            st.dataframe(pd.DataFrame(views.segment_rows(segments)), hide_index=True, key="segments_table")
 
 
 @st.fragment(run_every=state.LIVE_SECONDS)
@@ -117,8 +121,11 @@ def run_page(root_dir: str) -> None:
         run_oncall.silence_banner(oncall, time.time())
     if report is not None:
         _rollback_card(card, run, report, state.get_store(root_dir).meta(run))
-    st.code(run_charts.page_link(run, request.steps, request.x), language=None)
-    st.caption("Link to this view (copy button at the right): the run at this step range.")
+    # A link, not st.code: a code block loads the browser's syntax highlighter (half a second of the page's
+    # main thread for its grammars, on every visit) while the chart is being drawn. A link button, not a
+    # Markdown link: no Markdown on these pages holds a link (tests/app/test_security_browser.py).
+    st.link_button("link to this view", run_charts.page_link(run, request.steps, request.x),
+                   help="The run at this step range and x axis: open it, or copy it (right-click, Copy link).")
     rank_view.render(root_dir, run, report, sig)
     segments = state.load_segments(root_dir, run, sig)
     latest = max(s["segment"] for s in segments)

@@ -211,7 +211,7 @@ def test_run_page_shows_the_cause(server: str, page) -> None:
     chart = _run_chart(page, "charts by step: loss (log), grad norm")
     page.get_by_text("wall-clock", exact=True).click()
     chart = _run_chart(page, "charts by wall-clock time (UTC): loss (log)")
-    assert "x=time" in page.locator('[data-testid="stCode"]').filter(has_text="/run?").inner_text()
+    assert "x=time" in page.get_by_role("link", name="link to this view").get_attribute("href")
 
     _open(page, f"{server}/run?run=demo-diverged")
     chart = _run_chart(page)
@@ -295,7 +295,7 @@ def test_run_states_and_on_call(server: str, page, demo_root: Path) -> None:
     _run_chart(page)
     heading = page.locator("h2").first.inner_text()
     assert "archived" in heading and "watching" not in heading
-    link = page.locator('[data-testid="stCode"]').filter(has_text="/run?").inner_text()
+    link = page.get_by_role("link", name="link to this view").get_attribute("href")
     assert "run=branchy" in link and "from=100" in link and "to=200" in link and link.startswith(server)
 
     _open(page, f"{server}/run?run=demo-diverged")

@@ -74,12 +74,16 @@ def test_run_page_with_rollback_card(monkeypatch: pytest.MonkeyPatch, demo_root:
     at.number_input(key="from").set_value(100).run()
     at.number_input(key="to").set_value(200).run()
     no_errors(at)
-    assert any("from=100" in c.value and "to=200" in c.value and "run=demo-diverged" in c.value for c in at.code)
+    [link] = [b.proto.url for b in at.get("link_button") if b.proto.label == "link to this view"]
+    assert "from=100" in link and "to=200" in link and "run=demo-diverged" in link
 
 
 def test_run_page_shows_segments_of_a_rollback(monkeypatch: pytest.MonkeyPatch, demo_root: Path) -> None:
     at = open_page(monkeypatch, demo_root, "run", run="demo-rollback")
     no_errors(at)
+    assert not [d for d in at.dataframe if "abandoned from" in d.value.columns]  # made once the expander opens
+    at.session_state["segments_open"] = True
+    at.run()
     [segments] = [d.value for d in at.dataframe if "abandoned from" in d.value.columns]
     assert segments["segment"].tolist() == [0, 1] and segments["abandoned from"].iloc[0].startswith("step 121 ")
     assert all(str(t).endswith(" UTC") for t in segments["started"])  # readable times, not unix seconds
