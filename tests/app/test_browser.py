@@ -308,6 +308,7 @@ def test_run_states_and_on_call(server: str, page, demo_root: Path) -> None:
     first.get_by_role("button", name="acknowledge").click()
     page.get_by_label("note (what you are doing about it)").fill("rolling back")
     page.get_by_label("note (what you are doing about it)").press("Tab")
+    _wait_idle(page)  # leaving the field reruns the page; a click during that rerun can land under its overlay
     page.locator('[data-testid="stPopoverBody"] button', has_text="acknowledge").click()
     page.wait_for_selector("text=acknowledged by oncall-bob", timeout=60_000)
     check = subprocess.run([sys.executable, "-m", "runwatch.app.cli", "check", "--root", str(demo_root),
