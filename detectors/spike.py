@@ -518,7 +518,8 @@ def _lasting_cost(sc: SpikeScanner, ep: Episode, loss: np.ndarray, n: int) -> di
 
 
 def _message(ev: dict, onset_step: int, recovered: bool | None, loss_moved: bool, costly: bool) -> str:
-    what = ("loss spike" if not ev["blip"] else "one-step loss spike (a bad batch?)") if loss_moved \
+    blip = "one-step loss spike" if ev["observations_out_of_band"] <= 1 else "loss spike, one observation far out"
+    what = ("loss spike" if not ev["blip"] else f"{blip} (a bad batch?)") if loss_moved \
         else "gradient-norm blip"
     if ev.get("noise_grew"):
         return (f"the loss noise grew from step {int(onset_step)}: values far below its level {ev['baseline_loss']:.4g}"

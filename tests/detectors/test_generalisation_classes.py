@@ -590,3 +590,19 @@ def test_17_a_long_moderate_slowdown_on_a_noisy_host_is_not_taken_for_its_wander
     found = [f for f in detect_slowdowns(np.arange(n), st) if f.severity != "info"]
     assert found and abs(found[0].onset_step - 12_000) <= 50, found
     assert all(11_950 <= f.onset_step and f.end_step <= 13_050 for f in found), found  # nothing outside it
+
+
+# 18. A blip's message says what was seen: one step, or one far-out observation among several out of band.
+
+def test_18_a_blip_that_spans_several_observations_is_not_called_one_step() -> None:
+    """One observation 10 sigmas out, then three at 4 (under the trigger, and their clipped sum under the
+    CUSUM's bar): an 'info' blip, but not a "one-step" spike, which the message called it before this test
+    (beside "back to its trend after 4 steps"). A lone 10-sigma observation is still one step (guard)."""
+    n = 1600
+    steps = np.arange(n)
+    for tail, words in ((4.0, "loss spike, one observation far out"), (0.0, "one-step loss spike")):
+        loss = loss_curve(n, seed=3, noise=0.05)
+        loss[1000] += 10 * 0.05
+        loss[1001:1004] += tail * 0.05
+        [f] = [f for f in analyze(rows_table(steps, loss=loss)).findings if f.kind == "spike"]
+        assert f.severity == "info" and f.onset_step == 1000 and f.message.startswith(f"{words} (a bad batch?)"), f
