@@ -152,7 +152,8 @@ def page_link(run: str, steps: tuple[int, int] | None, x: str) -> str:
 
 def draw(slot: object, root_dir: str, run: str, sig: tuple[float, int], request: Request, report: object | None,
          oncall: OnCall, *, interactive: bool = True) -> None:
-    """The chart into ``slot`` (a ``st.empty``), with the findings when ``report`` is given.
+    """The chart into ``slot`` (``st`` itself, or a ``st.empty`` on a first visit), with the findings when ``report``
+    is given.
 
     ``interactive=False``: a display-only first draw (no box selection) that a
     second, interactive draw replaces in the same script run once the run is

@@ -106,21 +106,33 @@ def run_page(root_dir: str) -> None:
     sig = state.signature(root_dir, run)
     report, fresh = state.peek_report(root_dir, run, sig, detail=True)
     oncall = read_oncall(state.load_events(root_dir, run, sig))
-    header, silenced, card = st.empty(), st.container(), st.empty()
-    request = run_charts.controls(root_dir, run, sig, state.load_columns(root_dir, run, sig))
-    chart = st.empty()
-    run_charts.draw(chart, root_dir, run, sig, request, report, oncall, interactive=fresh)
     info, unreadable = state.run_summary(root_dir, run, sig)
-    _header(header, run, info, report, unreadable, judging=not fresh)
-    error = unreadable
-    if not fresh:  # the charts are on screen: now the detectors, then the verdict and the bands
+    meta = state.get_store(root_dir).meta(run)
+    columns = state.load_columns(root_dir, run, sig)
+    if fresh:
+        # The judgement is at hand (every rerun but a first visit's): each section is written once, in place.
+        # An open page reruns every few seconds, and a placeholder emptied at the top of a rerun stays collapsed
+        # until it is filled again, jumping everything below it by its height (the rollback card's: ~640 px).
+        _header(st, run, info, report, unreadable, judging=False)
+        with st.container():
+            run_oncall.silence_banner(oncall, time.time())
+        if report is not None:
+            _rollback_card(st, run, report, meta)
+        request = run_charts.controls(root_dir, run, sig, columns)
+        run_charts.draw(st, root_dir, run, sig, request, report, oncall)
+    else:  # the charts first; then the detectors, and the verdict, the card and the bands fill in
+        header, silenced, card = st.empty(), st.container(), st.empty()
+        request = run_charts.controls(root_dir, run, sig, columns)
+        chart = st.empty()
+        run_charts.draw(chart, root_dir, run, sig, request, report, oncall, interactive=False)
+        _header(header, run, info, report, unreadable, judging=True)
         report, error, _ = state.report_for(root_dir, run, sig=sig, detail=True)
         run_charts.draw(chart, root_dir, run, sig, request, report, oncall)
         _header(header, run, info, report, error or unreadable, judging=False)
-    with silenced:
-        run_oncall.silence_banner(oncall, time.time())
-    if report is not None:
-        _rollback_card(card, run, report, state.get_store(root_dir).meta(run))
+        with silenced:
+            run_oncall.silence_banner(oncall, time.time())
+        if report is not None:
+            _rollback_card(card, run, report, meta)
     # A link, not st.code: a code block loads the browser's syntax highlighter (half a second of the page's
     # main thread for its grammars, on every visit) while the chart is being drawn. A link button, not a
     # Markdown link: no Markdown on these pages holds a link (tests/app/test_security_browser.py).

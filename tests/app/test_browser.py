@@ -25,6 +25,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
+from runwatch.app.state import LIVE_SECONDS
 from runwatch.data.record import metrics_table
 from runwatch.data.storage import StagedWrite
 from tests.app.conftest import spike_lines, write_jsonl_run
@@ -315,6 +316,26 @@ def test_run_states_and_on_call(server: str, page, demo_root: Path) -> None:
                             "--run", "demo-diverged"], capture_output=True, text=True, timeout=180, check=False)
     assert check.returncode == 1 and "acknowledged by oncall-bob" in check.stdout and "rolling back" in check.stdout
     assert kind.replace(" ", "_") in check.stdout
+
+
+def test_an_open_page_holds_still_while_it_refreshes(server: str, page) -> None:
+    """An open run page reruns every few seconds; nothing on it may move. It did: the rollback card's
+    placeholder was emptied at the top of each rerun and refilled at its end, so everything below it jumped
+    by the card's height (~640 px) every 5 s, and a click aimed during that (a CI run's acknowledge button)
+    landed elsewhere. Sampled on every frame over three refreshes (a rerun whose emptying and refilling fall in
+    one frame shows nothing; most do not, and fewer do on a loaded machine)."""
+    _open(page, f"{server}/run?run=demo-diverged")
+    _run_chart(page)
+    _wait_idle(page)
+    page.get_by_role("link", name="link to this view").wait_for()
+    # Every animation frame, in the page: where the link is (a jump of a few frames is missed by polling).
+    page.evaluate("""() => { window.__tops = new Set(); const tick = () => {
+        const a = [...document.querySelectorAll('a')].find(e => e.textContent.includes('link to this view'));
+        window.__tops.add(a ? Math.round(a.getBoundingClientRect().top + window.scrollY) : -1);
+        requestAnimationFrame(tick); }; requestAnimationFrame(tick); }""")
+    time.sleep(3 * LIVE_SECONDS + 1)
+    seen = page.evaluate("() => [...window.__tops]")
+    assert len(seen) == 1 and -1 not in seen, seen
 
 
 def test_air_gapped_and_phone_width(server: str, browser_context) -> None:
