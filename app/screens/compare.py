@@ -49,9 +49,13 @@ def compare(root_dir: str) -> None:
     if not with_tokens:
         st.caption("Some selected runs record no tokens: overlaying by step.")
     tables = {name: state.load_series(root_dir, name, sigs[name], COMPARE_COLUMNS, x, None, None) for name in picked}
-    slot = st.empty()
-    chart = charts.compare_chart(tables, COMPARE_COLUMNS, colors=colors, x=x)
-    slot.echarts_chart(chart.option, height=chart.height, alt="Runs overlaid")  # the lines first, then the bands
+    # The lines first, then the bands, only while a run has never been judged: the page reruns every few seconds,
+    # and a placeholder emptied and drawn twice on each rerun made the chart blink without its bands.
+    judged = all(state.peek_report(root_dir, name, sigs[name])[0] is not None for name in picked)
+    slot = st if judged else st.empty()
+    if not judged:
+        chart = charts.compare_chart(tables, COMPARE_COLUMNS, colors=colors, x=x)
+        slot.echarts_chart(chart.option, height=chart.height, alt="Runs overlaid")
     bands = {}
     for name in picked:
         to_x = x_of_step(root_dir, name, sigs[name], x)

@@ -318,24 +318,38 @@ def test_run_states_and_on_call(server: str, page, demo_root: Path) -> None:
     assert kind.replace(" ", "_") in check.stdout
 
 
+def _every_frame(page, expression: str, seconds: float) -> list:
+    """The distinct values of a JavaScript ``expression`` evaluated on every animation frame for ``seconds``, in
+    the page (a change lasting a few frames is missed by polling from here)."""
+    page.evaluate("""(expr) => { window.__seen = new Set(); const f = new Function('return ' + expr);
+        const tick = () => { window.__seen.add(f()); requestAnimationFrame(tick); }; requestAnimationFrame(tick); }""",
+                  expression)
+    time.sleep(seconds)
+    return page.evaluate("() => [...window.__seen]")
+
+
 def test_an_open_page_holds_still_while_it_refreshes(server: str, page) -> None:
-    """An open run page reruns every few seconds; nothing on it may move. It did: the rollback card's
-    placeholder was emptied at the top of each rerun and refilled at its end, so everything below it jumped
-    by the card's height (~640 px) every 5 s, and a click aimed during that (a CI run's acknowledge button)
-    landed elsewhere. Sampled on every frame over three refreshes (a rerun whose emptying and refilling fall in
-    one frame shows nothing; most do not, and fewer do on a loaded machine)."""
+    """An open page reruns every few seconds; nothing on it may move or blink. It did: the run page's rollback
+    card placeholder was emptied at the top of each rerun and refilled at its end, so everything below it
+    jumped by the card's height (~640 px) every 5 s, and a click aimed during that (a CI run's acknowledge
+    button) landed elsewhere; the compare page drew its chart without bands, then with them, on every rerun.
+    Watched on every frame over three refreshes (a rerun whose emptying and refilling fall in one frame shows
+    nothing; most do not, and fewer do on a loaded machine)."""
     _open(page, f"{server}/run?run=demo-diverged")
     _run_chart(page)
     _wait_idle(page)
     page.get_by_role("link", name="link to this view").wait_for()
-    # Every animation frame, in the page: where the link is (a jump of a few frames is missed by polling).
-    page.evaluate("""() => { window.__tops = new Set(); const tick = () => {
-        const a = [...document.querySelectorAll('a')].find(e => e.textContent.includes('link to this view'));
-        window.__tops.add(a ? Math.round(a.getBoundingClientRect().top + window.scrollY) : -1);
-        requestAnimationFrame(tick); }; requestAnimationFrame(tick); }""")
-    time.sleep(3 * LIVE_SECONDS + 1)
-    seen = page.evaluate("() => [...window.__tops]")
-    assert len(seen) == 1 and -1 not in seen, seen
+    tops = _every_frame(page, """(() => { const a = [...document.querySelectorAll('a')]
+        .find(e => e.textContent.includes('link to this view'));
+        return a ? Math.round(a.getBoundingClientRect().top + window.scrollY) : -1; })()""", 3 * LIVE_SECONDS + 1)
+    assert len(tops) == 1 and -1 not in tops, tops
+
+    _open(page, f"{server}/compare?runs=demo-rollback&runs=demo-diverged")
+    page.wait_for_selector('[data-testid="stEChartsChart"][aria-label*="with findings"]', timeout=90_000)
+    _wait_idle(page)
+    labels = _every_frame(page, """(() => { const c = document.querySelector('[data-testid="stEChartsChart"]');
+        return c ? c.getAttribute('aria-label') : 'none'; })()""", 3 * LIVE_SECONDS + 1)
+    assert labels == ["Runs overlaid with findings"], labels
 
 
 def test_air_gapped_and_phone_width(server: str, browser_context) -> None:
