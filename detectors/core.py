@@ -38,23 +38,25 @@ def row_median(values: np.ndarray, min_finite: int | None = None) -> np.ndarray:
     """
     width = values.shape[1]
     need = max((width + 1) // 2 if min_finite is None else min_finite, 1)
-    finite = np.isfinite(values)
-    whole = finite.all(axis=1)
-    if width == 0 or not whole.any():
-        return _row_median_sorted(values, finite, need)
-    out = np.empty(values.shape[0])
-    full = values if whole.all() else values[whole]
-    if width == 4:  # the commonest rows (blocks of 4): the middle two by a min/max network
-        a, b, c, d = (full[:, j] for j in range(4))
-        inner_lo = np.maximum(np.minimum(a, b), np.minimum(c, d))
-        inner_hi = np.minimum(np.maximum(a, b), np.maximum(c, d))
-        med = (np.minimum(inner_lo, inner_hi) + np.maximum(inner_lo, inner_hi)) * 0.5
-    else:  # rows all finite: the two middle columns of the sorted rows (a SIMD row sort beats partition here)
-        ordered = np.sort(full, axis=1)
-        med = (ordered[:, (width - 1) // 2] + ordered[:, width // 2]) * 0.5
-    out[whole] = med if width >= need else np.nan
+    if width == 0:
+        return np.full(values.shape[0], np.nan)
+    # Rows all finite (nearly every row) take the fast path; which rows are is read off its own work (a NaN or
+    # an infinity makes a sum non-finite and sorts to an end of its row), not from a pass of isfinite.
+    with np.errstate(invalid="ignore", over="ignore"):  # rows with inf or NaN are redone below
+        if width == 4:  # the commonest rows (blocks of 4): the middle two by a min/max network
+            a, b, c, d = (values[:, j] for j in range(4))
+            whole = np.isfinite(a + b + c + d)  # an overflowing sum only sends a finite row the slow way
+            inner_lo = np.maximum(np.minimum(a, b), np.minimum(c, d))
+            inner_hi = np.minimum(np.maximum(a, b), np.maximum(c, d))
+            med = (np.minimum(inner_lo, inner_hi) + np.maximum(inner_lo, inner_hi)) * 0.5
+        else:  # the two middle columns of the sorted rows (a SIMD row sort beats partition here; NaN sorts last)
+            ordered = np.sort(values, axis=1)
+            whole = np.isfinite(ordered[:, 0]) & np.isfinite(ordered[:, -1])
+            med = (ordered[:, (width - 1) // 2] + ordered[:, width // 2]) * 0.5
+    out = np.where(whole, med, np.nan) if width >= need else np.full(values.shape[0], np.nan)
     if not whole.all():
-        out[~whole] = _row_median_sorted(values[~whole], finite[~whole], need)
+        rest = values[~whole]
+        out[~whole] = _row_median_sorted(rest, np.isfinite(rest), need)
     return out
 
 
@@ -115,6 +117,16 @@ def _quantize(values: np.ndarray) -> np.ndarray:
     return np.round(np.clip(values, -1000.0, 1000.0) * TAIL_QUANTUM).astype(np.int64)
 
 
+def _distinct_sorted(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(values, return_inverse=True)`` of a non-decreasing array, without its sort."""
+    if not len(values):
+        return values, np.zeros(0, dtype=np.int64)
+    new = np.empty(len(values), dtype=bool)
+    new[0] = True
+    np.not_equal(values[1:], values[:-1], out=new[1:])
+    return values[new], np.cumsum(new) - 1
+
+
 class Grow:
     """A growing 1-D array with amortized O(1) appends: the buffers of incremental detectors."""
 
@@ -162,14 +174,16 @@ class BlockBaseline:
     training a loss's batch-to-batch spread grows several-fold within a few blocks as the model leaves its
     near-uniform prediction; a scale two blocks behind would call that growth a string of 10-sigma spikes,
     while one quiet block must not make ordinary values outliers). Both are floored so a constant series
-    does not make every rounding error an infinite z-score.
+    does not make every rounding error an infinite z-score. With ``level_only`` only the level is kept (its
+    scale is NaN): a fine-grained level beside a coarser noise model need not pay for a second one.
     """
 
     def __init__(self, *, block: int, window: int, min_blocks: int, rel_floor: float, abs_floor: float,
                  follow_last: bool = True, wander: bool = False, detrend: bool = False,
                  wander_window: int | None = None, follow_rising_noise: bool = False,
-                 long_noise_floor: float = 0.5) -> None:
+                 long_noise_floor: float = 0.5, level_only: bool = False) -> None:
         self.block, self.window, self.min_blocks = block, window, min_blocks
+        self.level_only = level_only
         self.long_noise_floor = long_noise_floor
         self.follow_rising_noise = follow_rising_noise
         self.rel_floor, self.abs_floor = rel_floor, abs_floor
@@ -194,7 +208,8 @@ class BlockBaseline:
         if ready <= done:
             return
         chunk = values[done * self.block: ready * self.block].reshape(-1, self.block)
-        med, mad = block_stats(chunk, self.detrend)
+        med, mad = (row_median(chunk), np.full(ready - done, np.nan)) if self.level_only \
+            else block_stats(chunk, self.detrend)
         self.med.extend(med)
         self.mad.extend(mad)
         if coords is not None:
@@ -214,18 +229,24 @@ class BlockBaseline:
             stride = self.window // 16
             k = np.where(k < 2 * stride, k, k - k % stride)
         # Blocks with the same number of valid blocks before them share one window: compute each once.
-        k, rows = np.unique(k, return_inverse=True)
+        k, rows = _distinct_sorted(k)
         med_w, mad_w = self._windows(k, valid, self.window)
         enough = np.isfinite(med_w).sum(axis=1) >= self.min_blocks
         centre = row_median(med_w, self.min_blocks)
         last = med_w[:, -1]
         level = np.where(np.isfinite(last), np.fmin(centre, last), centre) if self.follow_last else centre
+        if self.level_only:
+            nothing = np.full(len(k), np.nan)
+            self._level.extend(np.where(enough, level, np.nan)[rows])
+            self._scale.extend(nothing[rows])
+            self._total.extend(nothing[rows])
+            return
         spread = MAD_TO_SIGMA * row_median(mad_w, 1)
-        if self.follow_rising_noise:
-            spread = np.fmax(spread, MAD_TO_SIGMA * mad_w[:, -1])
         # The wander: how far the block medians stray from one another, beyond what the within-block noise
         # of a median of ``block`` observations explains (its standard error is ~1.25 sigma / sqrt(block)).
-        between, noise_long = self._between(k, valid, med_w)
+        between, noise_long = self._between(k, valid, med_w, centre, spread)
+        if self.follow_rising_noise:
+            spread = np.fmax(spread, MAD_TO_SIGMA * mad_w[:, -1])
         # The noise does not drop below half its long-run level in a window: a stretch of repeated values (a
         # log printed with few digits, a stalled counter) would otherwise make every normal value an outlier.
         spread = np.fmax(spread, self.long_noise_floor * noise_long)
@@ -252,8 +273,11 @@ class BlockBaseline:
             pad = np.full(width, np.nan)
             med = np.lib.stride_tricks.sliding_window_view(np.concatenate([pad, self.med.view[first:last]]), width)
             mad = np.lib.stride_tricks.sliding_window_view(np.concatenate([pad, self.mad.view[first:last]]), width)
-            if k[-1] - k[0] == len(k) - 1:  # consecutive (k is sorted and unique): a view, no gather
-                return med[k[0] - first:k[-1] - first + 1], mad[k[0] - first:k[-1] - first + 1]
+            step = int(k[1] - k[0]) if len(k) > 1 else 1
+            if k[-1] - k[0] == step * (len(k) - 1) and (len(k) < 3 or np.all(np.diff(k) == step)):
+                # Evenly spaced (consecutive, or a long window's anchors every ``stride`` blocks): a view, no gather.
+                rows = slice(int(k[0]) - first, int(k[-1]) - first + 1, step)
+                return med[rows], mad[rows]
             return med[k - first], mad[k - first]
         idx = k[:, None] - width + np.arange(width)[None, :]
         have = idx >= 0
@@ -262,7 +286,8 @@ class BlockBaseline:
         mad_w = np.where(have, self.mad.view[pick] if len(valid) else np.nan, np.nan)
         return med_w, mad_w
 
-    def _between(self, k: np.ndarray, valid: np.ndarray, med_w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _between(self, k: np.ndarray, valid: np.ndarray, med_w: np.ndarray, centre: np.ndarray,
+                 noise: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The wander (how far the block medians stray) and the long-run noise (median block MAD as a sigma), over
         the last ``wander_window`` valid blocks.
 
@@ -270,22 +295,24 @@ class BlockBaseline:
         smooth trend such as a falling loss, not to wander); otherwise from the
         medians' spread about their centre (slow wander too). A long window is
         evaluated at every ``wander_window // 16``-th block only and held between
-        (it changes slowly, and this keeps it O(n)).
+        (it changes slowly, and this keeps it O(n)). Over the baseline's own window (``wander_window`` no longer
+        than ``window``) the window's ``centre`` and ``noise`` (the median block MAD as a sigma) are reused.
         """
         if self.wander_window <= self.window:
             anchors, rows = k, np.arange(len(k))
-            med_long, mad_long = self._windows(anchors, valid, self.window)
+            med_long, noise_long, middle = med_w, noise, centre
         else:
             stride = max(1, self.wander_window // 16)
             anchor = k - k % stride
-            anchors, rows = np.unique(anchor, return_inverse=True)
+            anchors, rows = _distinct_sorted(anchor)
             med_long, mad_long = self._windows(anchors, valid, self.wander_window)
-        noise_long = MAD_TO_SIGMA * row_median(mad_long, 1)
+            noise_long = MAD_TO_SIGMA * row_median(mad_long, 1)
+            middle = None if self.detrend else row_median(med_long, self.min_blocks)
         if self.detrend:
             d = np.diff(med_long, axis=1)
             spread = row_median(np.abs(d - row_median(d, 1)[:, None]), 1) / np.sqrt(2.0)
         else:
-            spread = row_median(np.abs(med_long - row_median(med_long, self.min_blocks)[:, None]), self.min_blocks)
+            spread = row_median(np.abs(med_long - middle[:, None]), self.min_blocks)
         if not len(anchors):
             return np.full(len(k), np.nan), np.full(len(k), np.nan)
         return (MAD_TO_SIGMA * spread)[rows], noise_long[rows]
@@ -321,22 +348,27 @@ class BlockBaseline:
         """Level and scale for observations lo..hi-1 (NaN where the segment is still warming up)."""
         if hi <= lo:
             return np.empty(0), np.empty(0)
-        blocks = np.arange(lo, hi) // self.block
         # Only blocks whose predecessors are all complete have a baseline (a later call must not find a value
         # cached before its history was there: streaming would then differ from offline).
-        known = blocks <= self.med.size
-        self._ensure(int(blocks[known][-1]) if known.any() else -1)
-        b = np.minimum(blocks, self._level.size - 1)
-        level = np.where(known, self._level.view[b], np.nan) if self._level.size else np.full(len(blocks), np.nan)
-        scale = np.where(known, self._scale.view[b], np.nan) if self._level.size else np.full(len(blocks), np.nan)
-        return level, scale
+        first, last = lo // self.block, (hi - 1) // self.block
+        self._ensure(min(last, self.med.size) if first <= self.med.size else -1)
+        return (self._per_obs(self._level, lo, hi, self.med.size + 1),
+                self._per_obs(self._scale, lo, hi, self.med.size + 1))
 
     def total_scale(self, lo: int, hi: int) -> np.ndarray:
         """The scale with the between-block wander added in quadrature, for observations lo..hi-1 (after ``at``)."""
-        blocks = np.arange(lo, hi) // self.block
-        if not self._total.size:
-            return np.full(len(blocks), np.nan)
-        return np.where(blocks < self._total.size, self._total.view[np.minimum(blocks, self._total.size - 1)], np.nan)
+        return self._per_obs(self._total, lo, hi, self._total.size)
+
+    def _per_obs(self, cache: Grow, lo: int, hi: int, limit: int) -> np.ndarray:
+        """Observations lo..hi-1 of a per-block cache: their block's value for blocks under ``limit``, else NaN."""
+        if hi <= lo:
+            return np.empty(0)
+        first, last = lo // self.block, (hi - 1) // self.block
+        per_block = np.full(last + 1 - first, np.nan)
+        have = min(last + 1, limit, cache.size) - first
+        if have > 0:
+            per_block[:have] = cache.view[first:first + have]
+        return np.repeat(per_block, self.block)[lo - first * self.block:hi - first * self.block]
 
     def slope(self, i: int, decreasing: bool = True) -> tuple[float, float, float]:
         """(slope per unit coordinate, coordinate span, floor) of the trend at observation i's block.

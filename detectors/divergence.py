@@ -258,9 +258,29 @@ class DivergenceScanner:
         if len(med) == self.done:
             return
         meds = med.tolist()  # plain floats: the per-block test is a few comparisons
-        for b in range(self.done, len(med)):
+        b = self.done
+        while b < len(med):
+            if self.episode is None and self.best is not None:
+                b = self._next_event(med, b)
+                if b >= len(med):
+                    break
             self._judge(b, meds, mad, loss)
+            b += 1
         self.done = len(med)
+
+    def _next_event(self, med: np.ndarray, b: int) -> int:
+        """The first block from ``b`` on that ``_judge`` would act on outside an episode: a new best, or one
+        past the rise threshold (every other block leaves the state as it is). Found vectorised, in windows
+        that double, so a long healthy stretch costs no Python loop."""
+        best, thr, width = self.best[0], self._threshold(), 256
+        while b < len(med):
+            w = med[b:b + width]
+            with np.errstate(invalid="ignore"):
+                hit = np.flatnonzero((w < best) | (w - best >= thr))
+            if len(hit):
+                return b + int(hit[0])
+            b, width = b + len(w), min(2 * width, 1 << 16)
+        return b
 
     def _threshold(self) -> float:
         best, _, sigma = self.best

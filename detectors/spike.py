@@ -43,7 +43,11 @@ from runwatch.detectors.finding import Finding, fmt_value
 from runwatch.detectors.scanner import Observations, ScanContext
 
 SCAN_CHUNK = 32768
-"""Observations scanned per pass (any chunking gives the same findings)."""
+"""Most observations scanned or followed per pass (any chunking gives the same findings)."""
+FIRST_CHUNK = 1024
+"""The first pass after an episode opens or ends: most episodes end, and most triggers come, within a few
+hundred observations, and baselines and residuals computed past them would be thrown away. Each pass
+doubles the next, up to ``SCAN_CHUNK``."""
 
 
 class SpikeScanner:
@@ -58,7 +62,7 @@ class SpikeScanner:
         noise = dict(follow_last=False, detrend=True, wander_window=base.wander_blocks, follow_rising_noise=True)
         self.loss_base = BlockBaseline(rel_floor=1e-3, abs_floor=1e-12, **noise, **kw)
         self.grad_base = BlockBaseline(rel_floor=0.0, abs_floor=0.02, **noise, **kw)
-        fine = dict(block=base.level_block, window=base.level_window, min_blocks=2, follow_last=False)
+        fine = dict(block=base.level_block, window=base.level_window, min_blocks=2, follow_last=False, level_only=True)
         self.loss_level = BlockBaseline(rel_floor=0.0, abs_floor=0.0, **fine)
         self.grad_level = BlockBaseline(rel_floor=0.0, abs_floor=0.0, **fine)
         self.cold_obs = base.min_blocks * base.block
@@ -71,6 +75,7 @@ class SpikeScanner:
         self.episode: Episode | None = None
         self.closed: list[Episode] = []
         self.log_grad, self.coord = Grow(), Grow()
+        self.chunk = FIRST_CHUNK
         self._noted = ctx.history  # observations whose residuals the tail has seen
 
     # -- scanning -----------------------------------------------------------------------------
@@ -86,10 +91,12 @@ class SpikeScanner:
         self.loss_level.update(loss)
         self.grad_level.update(self.log_grad.view)
         while self.pos < n:
+            hi = min(n, self.pos + self.chunk)
+            self.chunk = min(2 * self.chunk, SCAN_CHUNK)
             if self.episode is not None:
-                self._follow(loss, n)
-            else:  # in chunks, so a trigger early on does not pay for baselines up to the end
-                self._scan(loss, min(n, self.pos + SCAN_CHUNK))
+                self._follow(loss, hi)
+            else:
+                self._scan(loss, hi)
 
     def _baselines(self, loss: np.ndarray, lo: int, hi: int) -> tuple[np.ndarray, ...]:
         """Loss and log-grad level and scale for lo..hi-1, and where a real (not cold) baseline exists."""
@@ -249,6 +256,7 @@ class SpikeScanner:
             self.episode = last
             self.pos = self._noted = trigger + 1
             self.streak = None
+            self.chunk = FIRST_CHUNK
             return
         at = onset if np.isfinite(self.loss_base.at(onset, onset + 1)[1][0]) else trigger
         level, scale, glevel, gscale, _ = (float(v[0]) for v in self._baselines(loss, at, at + 1))
@@ -262,6 +270,7 @@ class SpikeScanner:
         self.pos = trigger + 1
         self._noted = self.pos
         self.streak = None
+        self.chunk = FIRST_CHUNK
 
     def _loss_far(self, loss: np.ndarray, lo: int, hi: int) -> bool:
         """Did the loss itself go past the trigger threshold in lo..hi-1 (against the live baseline)?"""
@@ -374,6 +383,7 @@ class SpikeScanner:
         self.episode = None
         self.pos = self.floor = self._noted = last + 1
         self.s, self.zero, self.streak = 0.0, last, None
+        self.chunk = FIRST_CHUNK
 
     # -- findings ----------------------------------------------------------------------------------
 
