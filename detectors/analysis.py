@@ -83,7 +83,9 @@ def _as_divergence(f: Finding, cfg: DetectorConfig) -> Finding:
     message = (f"loss diverged from step {onset}: jumped {f.evidence['baseline_loss']:.4g} -> "
                f"{fmt_value(f.evidence['peak_loss'])} and stayed up ({', '.join(why)})")
     if onset < f.onset_step:
-        message += f"; the gradient or activation norm began growing at {onset}, the loss jumped at {f.onset_step}"
+        what = "the learning rate began rising" if f.evidence.get("lr_rise_step") == onset \
+            else "the gradient or activation norm began growing"
+        message += f"; {what} at {onset}, the loss jumped at {f.onset_step}"
     message += "; the learning rate jumped at the onset and is still up"
     return dataclasses.replace(f, kind="divergence", message=message, self_recovered=False, needs_action=True,
                                severity="critical", onset_step=onset,

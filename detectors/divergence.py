@@ -128,10 +128,44 @@ def act_growth_start(steps: np.ndarray, act: np.ndarray, before_step: int,
     return growth_start(steps, act, before_step, min_growth)
 
 
-def warm_restart(low: float, first: float, trained_max: float, lrc: LRConfig) -> bool:
-    """One step from ``low`` back up to a level the run already trained at (``trained_max``, within
-    ``restart_slack``): the schedule's warm restart, not a raise that could cause a divergence."""
-    return first >= lrc.raise_factor * low and first <= lrc.restart_slack * trained_max
+def warm_restart(lr: np.ndarray, low: int, first: int, trained_max: float, lrc: LRConfig) -> bool:
+    """Row ``first`` is one step from row ``low`` back up to a level the run already trained at (``trained_max``,
+    within ``restart_slack``), and the row after it is no higher (a restart decays or holds from its first row; a
+    ramp passing through the old levels on its way up goes on rising): the schedule's warm restart, not a raise
+    that could cause a divergence."""
+    after = lr[first + 1:first + 2]
+    with np.errstate(invalid="ignore"):
+        return bool(lr[first] >= lrc.raise_factor * lr[low] and lr[first] <= lrc.restart_slack * trained_max
+                    and not np.any(after > lrc.flat * lr[first]))
+
+
+def restart_before(lr: np.ndarray, onset: int, until: int, lrc: LRConfig, history: int = 0) -> int | None:
+    """The row of the schedule's warm restart an excursion follows, or None.
+
+    The last one-row rise by ``raise_factor`` in the ``LR_LOOKBACK`` rows up to the onset (the window in which an
+    LR rise is read as a cause: the loss answers a raised LR over tens of updates, not at once) that took the LR
+    back to a level the run had already trained at (``warm_restart``), with the LR held on the schedule from it to
+    ``until`` (the excursion's end): never above that level, and no one-row fall by ``raise_factor`` (schedules
+    move smoothly; a burst ends with a step back down). A loss that rises after such a restart and comes back is
+    the schedule doing what it does (its clean twin does the same), not a fault."""
+    lo = max(history + 1, onset - LR_LOOKBACK)
+    if onset < lo:
+        return None
+    with np.errstate(invalid="ignore"):
+        rises = np.flatnonzero(lr[lo:onset + 1] >= lrc.raise_factor * lr[lo - 1:onset])
+    if not len(rises):
+        return None
+    r = lo + int(rises[-1])
+    trained = lr[history:r]
+    trained = trained[np.isfinite(trained)]
+    if not len(trained) or not warm_restart(lr, r - 1, r, float(trained.max()), lrc):
+        return None
+    held = lr[r:max(until, onset) + 1]
+    held = held[np.isfinite(held)]
+    with np.errstate(invalid="ignore"):
+        if np.any(held > lrc.restart_slack * trained.max()) or np.any(held[1:] * lrc.raise_factor <= held[:-1]):
+            return None
+    return r
 
 
 def lr_rise_start(steps: np.ndarray, lr: np.ndarray, onset: int, lrc: LRConfig, until: int | None = None) -> int | None:
@@ -143,25 +177,30 @@ def lr_rise_start(steps: np.ndarray, lr: np.ndarray, onset: int, lrc: LRConfig, 
     schedule is no cause: the warm-up that opens the run, or a warm restart (one step back up to a level the
     run already trained at, as the spike detector's ``lr_scheduled`` reads it); a rise after a restart
     still counts."""
-    lo, lookback = max(0, onset - LR_LOOKBACK), LR_LOOKBACK
+    # The search starts after the opening warm-up: its first row is the lowest LR of a short or coarse log, and
+    # a rise from there is the warm-up's, which would hide a ramp that began long after it.
+    warm = warmup_end(steps, lr)
+    start = 0 if warm is None else int(np.searchsorted(steps, warm))
+    lo, lookback = max(start, onset - LR_LOOKBACK), LR_LOOKBACK
     while True:
         idx = lo + np.flatnonzero(np.isfinite(lr[lo:onset + 1]) & (lr[lo:onset + 1] > 0))
         if len(idx) < 2 or idx[-1] != onset:
             return None
         k = len(idx) - 1 - int(np.argmin(lr[idx][::-1]))  # the last lowest LR before the onset
         low = idx[k]
-        if k == 0 and lo > 0 and lo == onset - lookback:  # a ramp longer than the window: its start lies further back
+        if k == 0 and lo > start and lo == onset - lookback:  # a ramp longer than the window: its start lies further back
             lookback *= 2
-            lo = max(0, onset - lookback)
+            lo = max(start, onset - lookback)
             continue
-        top = lr[onset:max(onset, until if until is not None else onset) + 1]
+        end = max(onset, until if until is not None else onset)
+        top = lr[onset:end + 1]
         top = float(np.nanmax(top)) if np.isfinite(top).any() else lr[onset]
         if low >= onset or not lr[onset] > lr[low] or not top >= lrc.raise_factor * lr[low] \
                 or in_warmup(steps, lr, int(steps[low])):
             return None
         first = int(idx[k + 1])
         trained = lr[:low + 1][np.isfinite(lr[:low + 1])]
-        if warm_restart(lr[low], lr[first], float(trained.max()), lrc):
+        if warm_restart(lr, low, first, float(trained.max()), lrc):
             lo = first  # a warm restart: look for a rise after it
             continue
         return first
@@ -350,14 +389,19 @@ class DivergenceScanner:
                     "detected_step": int(steps[min(ep["confirm"], len(steps) - 1)]),
                     "confirmed_step": int(steps[min(ep["confirm"], len(steps) - 1)]),
                     "loss_climb_step": int(steps[ep["onset"]]), **growth}
+        # A climb on the schedule's warm restart that came back down is the schedule (its clean twin does it too).
+        restart = restart_before(lr, onset, end, self.ctx.config.lr, self.ctx.history) if recovered else None
+        evidence["lr_restart_step"] = None if restart is None else int(steps[restart])
         extra = [f"grad norm x{grad_ratio:.2g}" for _ in [0] if grad_ratio is not None]
         extra += [f"act norm x{act_ratio:.2g}" for _ in [0] if act_ratio is not None]
         message = (f"loss diverging from step {int(steps[onset])}: {best:.4g} -> {fmt_value(evidence['peak_loss'])}"
                    + (f" ({', '.join(extra)})" if extra else "")
+                   + ("" if restart is None else f" after the schedule's warm restart of the LR at step {int(steps[restart])}")
                    + ("; it came back down" if recovered else "; still climbing or high at the last step"))
+        severity = "critical" if not recovered else "warning" if restart is None else "info"
         return Finding(kind="divergence", onset_step=int(steps[onset]), end_step=int(steps[end]),
                        peak_step=int(steps[peak]), segment=self.ctx.segment,
-                       severity="warning" if recovered else "critical", self_recovered=recovered,
+                       severity=severity, self_recovered=recovered,
                        needs_action=not recovered, evidence=evidence, message=message)
 
     def _precursor(self, obs: Observations) -> Finding | None:
@@ -408,7 +452,7 @@ def lr_raised_since(steps: np.ndarray, lr: np.ndarray, lrc: LRConfig, history: i
     first = k + 1
     if idx[first] <= history or in_warmup(steps, lr, int(steps[idx[first]])):
         return None
-    if warm_restart(v[k], v[first], float(v[:k + 1].max()), lrc):
+    if warm_restart(v, k, first, float(v[:k + 1].max()), lrc):
         return None
     return int(idx[first])
 

@@ -38,7 +38,14 @@ from runwatch.detectors.core import (
     first_run,
     safe_log,
 )
-from runwatch.detectors.divergence import LR_BEFORE_ROWS, cause_start, in_warmup, lr_before, lr_jump_inside
+from runwatch.detectors.divergence import (
+    LR_BEFORE_ROWS,
+    cause_start,
+    in_warmup,
+    lr_before,
+    lr_jump_inside,
+    restart_before,
+)
 from runwatch.detectors.finding import Finding, fmt_value
 from runwatch.detectors.scanner import Observations, ScanContext
 
@@ -393,18 +400,19 @@ class SpikeScanner:
         return [f for f in out if f is not None]
 
 
-def _lr_story(lr: np.ndarray, onset: int, end: int, history: int, patience: int, lrc: LRConfig,
+def _lr_story(steps: np.ndarray, lr: np.ndarray, onset: int, end: int, history: int, patience: int, lrc: LRConfig,
               peak: int | None = None) -> dict:
     """The LR around the onset, read from the data: the highest LR of the updates that produced the
     excursion up to its peak (from the row before the onset, and the onset row for a burst between coarse
     rows) against the LR before. Up to the peak, not at the onset only: a ramp reaches ``raise_factor`` after the loss
-    began to move, and a noisy first row can open the excursion a few rows before the LR jump that makes it."""
+    began to move, and a noisy first row can open the excursion a few rows before the LR jump that makes it.
+    An excursion that follows the schedule's warm restart (``restart_before``) is the schedule's too."""
     level = lr_before(lr, onset, history)
     cause = lr[max(onset - 1, 0):max(onset, peak if peak is not None else onset) + 1]
     cause = cause[np.isfinite(cause)]
     if level is None or not len(cause):
         return {"lr_before": None, "lr_at_onset": None, "lr_ratio": None, "lr_raised": False,
-                "lr_still_raised": False, "lr_scheduled": False}
+                "lr_still_raised": False, "lr_scheduled": False, "lr_restart_step": None}
     lr_cause = float(cause.max())
     ratio = lr_cause / level
     raised = bool(ratio >= lrc.raise_factor)
@@ -425,8 +433,10 @@ def _lr_story(lr: np.ndarray, onset: int, end: int, history: int, patience: int,
     # The schedule: the LR went back to a level the run already trained at and stayed there (a warm restart).
     scheduled = bool(raised and len(earlier) and lr_cause <= lrc.restart_slack * float(earlier.max())
                      and len(held) >= patience and np.all(held >= 0.5 * lr_cause))
+    restart = restart_before(lr, onset, end, lrc, history)
     return {"lr_before": level, "lr_at_onset": lr_cause, "lr_ratio": ratio, "lr_raised": raised,
-            "lr_still_raised": still, "lr_scheduled": scheduled}
+            "lr_still_raised": still, "lr_scheduled": scheduled or restart is not None,
+            "lr_restart_step": None if restart is None else int(steps[restart])}
 
 
 def classify(sc: SpikeScanner, ep: Episode, obs: Observations) -> Finding | None:
@@ -461,7 +471,7 @@ def classify(sc: SpikeScanner, ep: Episode, obs: Observations) -> Finding | None
     peak_i = onset + int(np.argmax(zl_c if loss_moved else zg_c))
     # The LR up to the peak is the cause's, except inside the opening warm-up, whose rise is the schedule's.
     lr_peak = None if in_warmup(steps, obs["lr"], int(steps[peak_i])) else peak_i
-    lr_story = _lr_story(obs["lr"], onset, end, sc.ctx.history, cfg.patience_obs, sc.ctx.config.lr, lr_peak)
+    lr_story = _lr_story(steps, obs["lr"], onset, end, sc.ctx.history, cfg.patience_obs, sc.ctx.config.lr, lr_peak)
     lasting = _lasting_cost(sc, ep, loss, n) if recovered else {}
     # Worse than its trend would have been AND not even back to where it was: the spike cost real progress.
     costly = bool(lasting and min(lasting["lasting_cost_sigmas"], lasting["lasting_above_level_sigmas"]) >= cfg.lasting_sigmas
@@ -496,8 +506,9 @@ def classify(sc: SpikeScanner, ep: Episode, obs: Observations) -> Finding | None
         "recovery_steps": int(steps[ep.recovered_at] - steps[onset]) if ep.recovered_at is not None else None,
     }
     if recovered is False or lr_story["lr_still_raised"]:  # a divergence's onset is where the trend broke
-        at, _ = cause_start(steps, obs, onset, sc.ctx.history, sc.ctx.config.divergence, sc.ctx.config.lr, until=peak_i)
-        evidence["trend_break_step"] = int(steps[at])
+        at, growth = cause_start(steps, obs, onset, sc.ctx.history, sc.ctx.config.divergence, sc.ctx.config.lr,
+                                 until=peak_i)
+        evidence.update(growth, trend_break_step=int(steps[at]))
     return Finding(kind="spike", onset_step=int(steps[onset]), end_step=int(steps[end]), peak_step=int(steps[peak_i]),
                    segment=sc.ctx.segment, severity=severity, self_recovered=recovered, needs_action=needs,
                    evidence=evidence, message=_message(evidence, steps[onset], recovered, loss_moved, costly))
@@ -543,6 +554,8 @@ def _message(ev: dict, onset_step: int, recovered: bool | None, loss_moved: bool
         text += " (grad norm moved first)"
     if ev.get("lr_raised"):
         text += f" after the LR rose x{ev['lr_ratio']:.3g}" + (" (the schedule)" if ev["lr_scheduled"] else "")
+    elif ev.get("lr_restart_step") is not None:
+        text += f" after the schedule's warm restart of the LR at step {ev['lr_restart_step']}"
     if recovered is True:
         text += f"; back to its trend after {ev['recovery_steps']} steps"
         if costly:
