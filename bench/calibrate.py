@@ -235,6 +235,7 @@ def budget(real: dict[str, pa.Table], sims: list, config: DetectorConfig) -> dic
 
 SWEEPS = {  # (component, field): values around the shipped one
     ("spike", "cusum_h"): [16, 24, 32, 40, 50, 60],
+    ("spike", "burst_h"): [6, 8, 10, 12, 14, 16, 20],
     ("spike", "z_trigger"): [5.0, 6.0, 7.0, 8.0],
     ("scaler", "skip_h"): [10, 15, 20, 30],
     ("scaler", "min_halvings"): [3.0, 4.0, 5.0, 6.0],

@@ -99,6 +99,17 @@ class SpikeConfig:
     """CUSUM decision interval in sigmas. Siegmund's approximation gives ARL0 ~10^6 near h = 12 for Gaussian
     residuals; the real residuals' heavy tails and the baseline's own noise need more: set by
     ``bench/calibrate.py`` at the false-alarm budget (1 alarm per 10^6 healthy steps, all kinds together)."""
+    burst_k: float = 2.0
+    """Reference value of the bank's second CUSUM, for short bursts: half of a 4-sigma shift (Montgomery's
+    k = delta / 2), the size between what ``cusum_k`` is tuned for and what one observation past ``z_trigger``
+    shows. With residuals clipped at ``winsor`` (4) an observation adds at most 2, so only several far-out
+    observations close together can reach ``burst_h``: a bad batch of five steps at 4-6 sigmas sums to ~10,
+    under ``cusum_h`` (24) and every single-observation bar (seeds 195624 and 446183 missed such batches)."""
+    burst_h: float = 8.0
+    """Its decision interval, set by ``bench/calibrate.py`` at the false-alarm budget like ``cusum_h``: the
+    smallest of 4, 6, 7, 8, 10 whose added alarms stay well under 1 per 10^6 healthy steps on two independent
+    draws of the calibration set (6.1M steps: 4 adds 94 on one, 6 adds 8, 7 adds 3, 8 adds 0 and 1, 10 none).
+    Four observations at the clip (4 sigmas) reach it, a fifth at 4 passes it."""
     cusum_guard: int = 32
     """The CUSUM measures against the lower of the level now and the level this many observations ago: it
     follows a falling loss at once and a rising one only after the guard, since a rise is what it judges.
@@ -136,6 +147,7 @@ class SpikeConfig:
         _check(0 < self.z_band < self.z_trigger, "need 0 < z_band < z_trigger")
         _check(0 < self.tail_risk < 0.01, "tail_risk must be in (0, 0.01)")
         _check(self.cusum_k > 0 and self.cusum_h > 0, "cusum_k and cusum_h must be > 0")
+        _check(self.burst_k > self.cusum_k and self.burst_h > 0, "need burst_k > cusum_k and burst_h > 0")
         _check(self.persist_obs >= 1 and self.recovery_obs >= 1 and self.patience_obs >= 1, "counts must be >= 1")
         _check(self.grad_min_ratio > 1 and self.cold_grad_ratio > 1, "ratios must be > 1")
 

@@ -145,9 +145,10 @@ def restart_before(lr: np.ndarray, onset: int, until: int, lrc: LRConfig, histor
     The last one-row rise by ``raise_factor`` in the ``LR_LOOKBACK`` rows up to the onset (the window in which an
     LR rise is read as a cause: the loss answers a raised LR over tens of updates, not at once) that took the LR
     back to a level the run had already trained at (``warm_restart``), with the LR held on the schedule from it to
-    ``until`` (the excursion's end): never above that level, and no one-row fall by ``raise_factor`` (schedules
-    move smoothly; a burst ends with a step back down). A loss that rises after such a restart and comes back is
-    the schedule doing what it does (its clean twin does the same), not a fault."""
+    ``until`` (the excursion's end): never above that level, and no one-row step by ``raise_factor`` up or down
+    after it (schedules move smoothly; a burst ends with a step back down, and a jump on top of the restart is a
+    cause of its own). A loss that rises after such a restart and comes back is the schedule doing what it does
+    (its clean twin does the same), not a fault."""
     lo = max(history + 1, onset - LR_LOOKBACK)
     if onset < lo:
         return None
@@ -162,8 +163,10 @@ def restart_before(lr: np.ndarray, onset: int, until: int, lrc: LRConfig, histor
         return None
     held = lr[r:max(until, onset) + 1]
     held = held[np.isfinite(held)]
-    with np.errstate(invalid="ignore"):
-        if np.any(held > lrc.restart_slack * trained.max()) or np.any(held[1:] * lrc.raise_factor <= held[:-1]):
+    with np.errstate(invalid="ignore", divide="ignore"):
+        step = held[1:] / held[:-1]
+        if np.any(held > lrc.restart_slack * trained.max()) or np.any((step * lrc.raise_factor <= 1.0)
+                                                                      | (step >= lrc.raise_factor)):
             return None
     return r
 

@@ -6,7 +6,10 @@ Two rules open an excursion, the classic combined chart (Montgomery):
   extreme-value tail at ``tail_risk`` when that is higher;
 - CUSUM: the residuals, clipped at ``winsor`` sigmas, summing past
   ``cusum_h`` above ``cusum_k``: a small shift that lasts (a few steps of
-  raised LR lifting the loss 3 sigma for 20 steps sums to ~50).
+  raised LR lifting the loss 3 sigma for 20 steps sums to ~50); and a second
+  CUSUM of the same residuals above ``burst_k`` past ``burst_h`` for a short
+  burst (a bad batch of a few steps at 4-6 sigma: Lorden's bank of CUSUMs,
+  one per size of shift worth catching).
 Onset is the first observation of the elevated run (either signal: BLOOM's
 gradient norm moved first), or the CUSUM's change point. The baseline is
 frozen at the onset; the excursion ends when the loss (and, for one the
@@ -77,7 +80,9 @@ class SpikeScanner:
         self.winsor, self.tail_blocks = base.winsor, base.tail_min_blocks
         self.pos = ctx.history
         self.floor = ctx.history  # no excursion may begin before this (the history, the last episode's end)
-        self.s, self.zero = 0.0, ctx.history - 1  # CUSUM sum and its last zero
+        # The CUSUM bank: (reference value, decision interval, rule) and each one's sum and last zero.
+        self.bank = ((self.cfg.cusum_k, self.cfg.cusum_h, "cusum"), (self.cfg.burst_k, self.cfg.burst_h, "burst"))
+        self.s, self.zero = [0.0] * len(self.bank), [ctx.history - 1] * len(self.bank)
         self.streak: int | None = None  # start of the elevated run that reaches pos - 1
         self.episode: Episode | None = None
         self.closed: list[Episode] = []
@@ -176,13 +181,15 @@ class SpikeScanner:
             grad_cand &= warm
         with np.errstate(invalid="ignore", divide="ignore"):
             z_total = (loss[lo:n] - self._guarded(level, lo, n)) / total_l
-        s, zero = self._cusum(z_total, warm, lo)
-        hit = (s > cfg.cusum_h) | loss_cand | grad_cand
+        sums = [self._cusum(z_total, warm, lo, c) for c in range(len(self.bank))]
+        past = [s > h for (s, _), (_, h, _) in zip(sums, self.bank)]
+        hit = np.logical_or.reduce(past) | loss_cand | grad_cand
         trigger = None
         for j in np.flatnonzero(hit):
             i = lo + int(j)
-            if s[j] > cfg.cusum_h:
-                trigger, rule = i, "cusum"
+            fired = next((c for c in range(len(self.bank)) if past[c][j]), None)
+            if fired is not None:
+                trigger, rule, zero = i, self.bank[fired][2], sums[fired][1]
                 break
             # A single observation must also pass the run's own tail (heavy-tailed runs raise the bar).
             self._note_scanned(lo, i, zl_c, zg_c, warm)
@@ -196,10 +203,11 @@ class SpikeScanner:
         # the lagging baseline has not caught up with (a warm-up) is not the start of a spike.
         self._track_streak(elevated_all[:stop - lo + (trigger is not None)], lo)
         if trigger is None:
-            self.s, self.zero, self.pos = float(s[-1]), int(zero[-1]), n
+            self.s, self.zero = [float(s[-1]) for s, _ in sums], [int(z[-1]) for _, z in sums]
+            self.pos = n
             return
         onset = self.streak if self.streak is not None else trigger
-        if rule == "cusum":
+        if rule != "shewhart":  # a CUSUM's change point: the observation after its last zero
             onset = min(onset, int(zero[trigger - lo]) + 1)
         self._open(max(onset, self.floor), trigger, rule, loss, int(np.argmax([zl_c[trigger - lo], zg_c[trigger - lo]])))
 
@@ -214,12 +222,13 @@ class SpikeScanner:
         earlier[start + g - lo:] = self.loss_level.at(start, n - g)[0]
         return np.where(np.isfinite(earlier), np.fmin(level, earlier), level)
 
-    def _cusum(self, zl: np.ndarray, warm: np.ndarray, lo: int) -> tuple[np.ndarray, np.ndarray]:
-        """CUSUM of the clipped loss residuals, scaled by the run's variability wander included (a sustained
-        shift must stand out from how far the level wanders by itself); it rests at 0 without a baseline."""
-        inc = np.where(np.isfinite(zl), np.minimum(zl, self.winsor), 0.0) - self.cfg.cusum_k
+    def _cusum(self, zl: np.ndarray, warm: np.ndarray, lo: int, c: int) -> tuple[np.ndarray, np.ndarray]:
+        """CUSUM ``c`` of the bank over the clipped loss residuals, scaled by the run's variability wander
+        included (a sustained shift must stand out from how far the level wanders by itself); it rests at 0
+        without a baseline."""
+        inc = np.where(np.isfinite(zl), np.minimum(zl, self.winsor), 0.0) - self.bank[c][0]
         s, zero = np.zeros(len(zl)), np.arange(len(zl)) + lo
-        s0, z0 = self.s, self.zero
+        s0, z0 = self.s[c], self.zero[c]
         bounds = np.flatnonzero(np.diff(np.concatenate([[0], warm.astype(np.int8), [0]])))
         for a, b in zip(bounds[::2], bounds[1::2]):  # runs of warm observations
             start_s, start_z = (s0, z0) if a == 0 else (0.0, lo + a - 1)
@@ -377,8 +386,15 @@ class SpikeScanner:
         with np.errstate(invalid="ignore", divide="ignore"):
             rise = (loss[ep.onset:end] - self.projection(ep, ep.onset, end)) / abs(ep.frozen["level"])
         far = (zl_c > ep.frozen["thr_loss"]) & (rise >= self.cfg.min_rise)
-        winsor_sum = float(np.sum(np.minimum(np.where(np.isfinite(zl), zl, 0.0), self.winsor) - self.cfg.cusum_k))
-        return _longest_run(far) >= self.cfg.persist_obs or winsor_sum >= self.cfg.cusum_h
+        return self.lasted(zl, far)
+
+    def lasted(self, zl: np.ndarray, far: np.ndarray) -> bool:
+        """An excursion with residuals ``zl`` lasted: ``persist_obs`` far-out observations in a row, its clipped
+        residuals summing past ``cusum_h`` over it, or the burst CUSUM passing ``burst_h`` inside it."""
+        clipped = np.minimum(np.where(np.isfinite(zl), zl, 0.0), self.winsor)
+        burst = cusum(clipped - self.cfg.burst_k, 0.0, 0, 0)[0]
+        return bool(_longest_run(far) >= self.cfg.persist_obs or np.sum(clipped - self.cfg.cusum_k) >= self.cfg.cusum_h
+                    or (len(burst) and burst.max() > self.cfg.burst_h))
 
     def _restart_after(self, ep: Episode, last: int) -> None:
         """Keep the episode out of every later baseline and scan again after ``last``."""
@@ -389,7 +405,7 @@ class SpikeScanner:
     def _rearm(self, last: int) -> None:
         self.episode = None
         self.pos = self.floor = self._noted = last + 1
-        self.s, self.zero, self.streak = 0.0, last, None
+        self.s, self.zero, self.streak = [0.0] * len(self.bank), [last] * len(self.bank), None
         self.chunk = FIRST_CHUNK
 
     # -- findings ----------------------------------------------------------------------------------
@@ -457,9 +473,7 @@ def classify(sc: SpikeScanner, ep: Episode, obs: Observations) -> Finding | None
         rise = (loss[onset:end + 1] - sc.projection(ep, onset, end + 1)) / abs(base)
     far = (zl_c > f["thr_loss"]) & (rise >= cfg.min_rise)
     num_far, num_out = int(far.sum()), int((zl_c > cfg.z_band).sum())
-    far_run = _longest_run(far)
-    winsor_sum = float(np.sum(np.minimum(np.where(np.isfinite(zl), zl, 0.0), sc.winsor) - cfg.cusum_k))
-    loss_moved = num_far > 0 or ep.rule == "cusum"
+    loss_moved = num_far > 0 or ep.rule in ("cusum", "burst")
     grad_far = math.isfinite(f["glevel"]) and bool(np.any((zg_c > f["thr_grad"]) & (zg_c * f["gscale"] >= math.log(cfg.grad_min_ratio))))
     if ep.is_open:  # out for longer than the patience allows: not recovered (yet; a later recovery still counts)
         recovered = False if n - onset >= cfg.patience_obs else None
@@ -467,7 +481,7 @@ def classify(sc: SpikeScanner, ep: Episode, obs: Observations) -> Finding | None
         recovered = True
     if not loss_moved and (not grad_far or recovered is not True):
         return None  # the gradient norm alone moved to a new level: a trend, not an excursion
-    persistent = loss_moved and (far_run >= cfg.persist_obs or winsor_sum >= cfg.cusum_h or recovered is False)
+    persistent = loss_moved and (sc.lasted(zl, far) or recovered is False)
     peak_i = onset + int(np.argmax(zl_c if loss_moved else zg_c))
     # The LR up to the peak is the cause's, except inside the opening warm-up, whose rise is the schedule's.
     lr_peak = None if in_warmup(steps, obs["lr"], int(steps[peak_i])) else peak_i
