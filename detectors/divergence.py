@@ -128,6 +128,23 @@ def act_growth_start(steps: np.ndarray, act: np.ndarray, before_step: int,
     return growth_start(steps, act, before_step, min_growth)
 
 
+LR_HELD_STEPS = 8
+"""Updates an LR must be held for, seen in two rows at least, to be a level the run trained at: a burst of a
+few updates is not one (a jump back up to a burst's LR is no warm restart)."""
+
+
+def trained_level(steps: np.ndarray, lr: np.ndarray) -> float:
+    """The highest LR the run trained at over these rows: the highest level held for ``LR_HELD_STEPS`` updates
+    (each run of that many rows, at least two, counts at its lowest); -inf without a finite LR."""
+    ok = np.isfinite(lr)
+    v, at = lr[ok], steps[ok]
+    if not len(v):
+        return -np.inf
+    spacing = float(np.median(np.diff(at))) if len(at) > 1 else 1.0
+    rows = min(len(v), max(2, int(np.ceil(LR_HELD_STEPS / max(spacing, 1.0)))))
+    return float(np.lib.stride_tricks.sliding_window_view(v, rows).min(axis=1).max())
+
+
 def warm_restart(lr: np.ndarray, low: int, first: int, trained_max: float, lrc: LRConfig) -> bool:
     """Row ``first`` is one step from row ``low`` back up to a level the run already trained at (``trained_max``,
     within ``restart_slack``), and the row after it is no higher (a restart decays or holds from its first row; a
@@ -139,7 +156,8 @@ def warm_restart(lr: np.ndarray, low: int, first: int, trained_max: float, lrc: 
                     and not np.any(after > lrc.flat * lr[first]))
 
 
-def restart_before(lr: np.ndarray, onset: int, until: int, lrc: LRConfig, history: int = 0) -> int | None:
+def restart_before(steps: np.ndarray, lr: np.ndarray, onset: int, until: int, lrc: LRConfig,
+                   history: int = 0) -> int | None:
     """The row of the schedule's warm restart an excursion follows, or None.
 
     The last one-row rise by ``raise_factor`` in the ``LR_LOOKBACK`` rows up to the onset (the window in which an
@@ -157,15 +175,14 @@ def restart_before(lr: np.ndarray, onset: int, until: int, lrc: LRConfig, histor
     if not len(rises):
         return None
     r = lo + int(rises[-1])
-    trained = lr[history:r]
-    trained = trained[np.isfinite(trained)]
-    if not len(trained) or not warm_restart(lr, r - 1, r, float(trained.max()), lrc):
+    top = trained_level(steps[history:r], lr[history:r])
+    if not warm_restart(lr, r - 1, r, top, lrc):
         return None
     held = lr[r:max(until, onset) + 1]
     held = held[np.isfinite(held)]
     with np.errstate(invalid="ignore", divide="ignore"):
         step = held[1:] / held[:-1]
-        if np.any(held > lrc.restart_slack * trained.max()) or np.any((step * lrc.raise_factor <= 1.0)
+        if np.any(held > lrc.restart_slack * top) or np.any((step * lrc.raise_factor <= 1.0)
                                                                       | (step >= lrc.raise_factor)):
             return None
     return r
@@ -202,8 +219,7 @@ def lr_rise_start(steps: np.ndarray, lr: np.ndarray, onset: int, lrc: LRConfig, 
                 or in_warmup(steps, lr, int(steps[low])):
             return None
         first = int(idx[k + 1])
-        trained = lr[:low + 1][np.isfinite(lr[:low + 1])]
-        if warm_restart(lr, low, first, float(trained.max()), lrc):
+        if warm_restart(lr, low, first, trained_level(steps[:low + 1], lr[:low + 1]), lrc):
             lo = first  # a warm restart: look for a rise after it
             continue
         return first
@@ -393,7 +409,7 @@ class DivergenceScanner:
                     "confirmed_step": int(steps[min(ep["confirm"], len(steps) - 1)]),
                     "loss_climb_step": int(steps[ep["onset"]]), **growth}
         # A climb on the schedule's warm restart that came back down is the schedule (its clean twin does it too).
-        restart = restart_before(lr, onset, end, self.ctx.config.lr, self.ctx.history) if recovered else None
+        restart = restart_before(steps, lr, onset, end, self.ctx.config.lr, self.ctx.history) if recovered else None
         evidence["lr_restart_step"] = None if restart is None else int(steps[restart])
         extra = [f"grad norm x{grad_ratio:.2g}" for _ in [0] if grad_ratio is not None]
         extra += [f"act norm x{act_ratio:.2g}" for _ in [0] if act_ratio is not None]
@@ -455,7 +471,7 @@ def lr_raised_since(steps: np.ndarray, lr: np.ndarray, lrc: LRConfig, history: i
     first = k + 1
     if idx[first] <= history or in_warmup(steps, lr, int(steps[idx[first]])):
         return None
-    if warm_restart(v, k, first, float(v[:k + 1].max()), lrc):
+    if warm_restart(v, k, first, trained_level(steps[idx[:k + 1]], v[:k + 1]), lrc):
         return None
     return int(idx[first])
 

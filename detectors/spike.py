@@ -48,6 +48,7 @@ from runwatch.detectors.divergence import (
     lr_before,
     lr_jump_inside,
     restart_before,
+    trained_level,
 )
 from runwatch.detectors.finding import Finding, fmt_value
 from runwatch.detectors.scanner import Observations, ScanContext
@@ -443,13 +444,12 @@ def _lr_story(steps: np.ndarray, lr: np.ndarray, onset: int, end: int, history: 
     window = lr[first:onset + 1]
     rise = np.flatnonzero(np.isfinite(window) & (window >= lrc.raise_factor * level))
     rise_at = first + int(rise[0]) if len(rise) else onset
-    earlier = lr[history:rise_at]  # the LR the run trained at before this rise
-    earlier = earlier[np.isfinite(earlier)]
+    earlier = trained_level(steps[history:rise_at], lr[history:rise_at])  # the highest LR the run trained at before this rise
     held = lr[onset:onset + patience]
     # The schedule: the LR went back to a level the run already trained at and stayed there (a warm restart).
-    scheduled = bool(raised and len(earlier) and lr_cause <= lrc.restart_slack * float(earlier.max())
+    scheduled = bool(raised and lr_cause <= lrc.restart_slack * earlier
                      and len(held) >= patience and np.all(held >= 0.5 * lr_cause))
-    restart = restart_before(lr, onset, end, lrc, history)
+    restart = restart_before(steps, lr, onset, end, lrc, history)
     return {"lr_before": level, "lr_at_onset": lr_cause, "lr_ratio": ratio, "lr_raised": raised,
             "lr_still_raised": still, "lr_scheduled": scheduled or restart is not None,
             "lr_restart_step": None if restart is None else int(steps[restart])}

@@ -699,3 +699,26 @@ def test_21_a_five_step_bad_batch_under_the_single_observation_bar_is_an_alarm(s
     spikes = [f for f in analyze(rows_table(steps, loss=loss, grad_norm=grad_curve(n, seed=seed + 10))).findings
               if f.kind == "spike"]
     assert [(f.onset_step, f.severity, f.self_recovered) for f in spikes] == [(1000, "warning", True)], spikes
+
+
+# 22. A level the run trained at is one it held: a burst's LR does not make a later jump "the schedule".
+
+@pytest.mark.parametrize("seed", range(3))
+def test_22_a_jump_to_under_an_earlier_bursts_lr_is_a_divergence_not_the_schedule(seed: int) -> None:
+    """Constant LR; a x100 burst for three steps at 500 (a spike that recovers), then from 1200 the LR x15 for
+    good and the loss up for good. The jump is a divergence from 1200 (the LR is the cause: advice before it,
+    at checkpoint 1100). Fails on 9d44737: the burst's LR counted as a level the run had trained at, so the
+    jump was a warm restart, "(the schedule)", and the advice the checkpoint at 1200, which holds the first
+    update under the raised LR (fresh seed 781099's run 146 read so)."""
+    n, lr0 = 1600, 3e-4
+    steps = np.arange(n)
+    lr = np.where(steps < 100, lr0 * (steps + 1) / 100, lr0)
+    lr[500:503] *= 100
+    lr[1200:] *= 15
+    loss = loss_curve(n, seed=seed, noise=0.05)
+    loss[500:560] += 3 * np.exp(-np.arange(60) / 15)
+    loss[1203:] += 0.8
+    report = analyze(rows_table(steps, loss=loss, grad_norm=grad_curve(n, seed=seed + 10), lr=lr),
+                     _ckpts(list(range(100, n, 100))))
+    assert [(f.kind, f.onset_step) for f in _alarms(report)] == [("spike", 500), ("divergence", 1200)], report.findings
+    assert report.rollback.checkpoint_step == 1100 and not report.findings[-1].evidence.get("lr_scheduled")
