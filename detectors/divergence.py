@@ -114,12 +114,31 @@ def growth_start(steps: np.ndarray, values: np.ndarray, before_step: int, min_gr
         start = j
     if last - start < 2 or not y[last] >= min_growth * y[start] or start == 0:
         return None
+    if not _beyond_block_noise(y, start, last):
+        return None
     mid = (start + last) // 2
     if (y[last] - y[mid]) / (last - mid) < 0.8 * (y[mid] - y[start]) / (mid - start):
         return None
     lo = tail + max(start - 1, 0) * block
     hi = min(tail + (start + 3) * block, len(a))
     return int(s[lo + hinge_onset(a[lo:hi])])
+
+
+GROWTH_Z = 3.0
+"""A climb's rise (log of its last block median over its first) must pass this many standard errors of the
+difference of two block medians, taken from how far the block medians before it stray from one to the next:
+on a noisy small-batch log the norms' block medians wander by 1.5x and more, and a walk back that follows the
+wander finds a "growth" hundreds of steps before the real break (one-sided 1.3e-3 for a Gaussian)."""
+
+
+def _beyond_block_noise(y: np.ndarray, start: int, last: int) -> bool:
+    """Whether the climb of block medians ``y`` from ``start`` to ``last`` stands out of their own noise (in log
+    terms: growth is a ratio); True with too few blocks before it to measure that noise (4)."""
+    if start < 4 or not (y > 0).all():
+        return True
+    d = np.diff(np.log(y[:start + 1]))
+    noise = MAD_TO_SIGMA * float(np.median(np.abs(d - np.median(d))))  # of a difference of two medians
+    return bool(np.log(y[last] / y[start]) >= GROWTH_Z * noise)
 
 
 def act_growth_start(steps: np.ndarray, act: np.ndarray, before_step: int,
