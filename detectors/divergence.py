@@ -161,7 +161,10 @@ def trained_level(steps: np.ndarray, lr: np.ndarray) -> float:
         return -np.inf
     spacing = float(np.median(np.diff(at))) if len(at) > 1 else 1.0
     rows = min(len(v), max(2, int(np.ceil(LR_HELD_STEPS / max(spacing, 1.0)))))
-    return float(np.lib.stride_tricks.sliding_window_view(v, rows).min(axis=1).max())
+    held = v[:len(v) - rows + 1].copy()
+    for j in range(1, rows):  # a running minimum by shifted contiguous slices (a strided view's min is ~10x slower)
+        np.minimum(held, v[j:len(v) - rows + 1 + j], out=held)
+    return float(held.max())
 
 
 def warm_restart(lr: np.ndarray, low: int, first: int, trained_max: float, lrc: LRConfig) -> bool:
