@@ -179,29 +179,35 @@ def warm_restart(lr: np.ndarray, low: int, first: int, trained_max: float, lrc: 
 
 
 RESTART_LAG_ROWS = 32
-"""Rows after a warm restart within which an excursion is read as its answer: the loss answers a raised LR over
-tens of updates (the natural rises after the fresh sets' restarts began 10-20 rows after them), and a fault
-later in the cycle must still be a fault."""
+"""Rows after an LR step up (a warm restart or a raise) within which an excursion is read as its answer: the
+loss answers a raised LR over tens of updates (the natural rises after the fresh sets' restarts began 10-20
+rows after them), and a fault later in the cycle must still be a fault."""
+
+
+def lr_step_before(lr: np.ndarray, onset: int, history: int, lrc: LRConfig) -> int | None:
+    """The row of the last one-row rise of the LR by ``raise_factor`` in the ``RESTART_LAG_ROWS`` rows up to the
+    onset, or None: the update an excursion that begins there may be answering."""
+    lo = max(history + 1, onset - RESTART_LAG_ROWS)
+    if onset < lo:
+        return None
+    with np.errstate(invalid="ignore"):
+        rises = np.flatnonzero(lr[lo:onset + 1] >= lrc.raise_factor * lr[lo - 1:onset])
+    return lo + int(rises[-1]) if len(rises) else None
 
 
 def restart_before(steps: np.ndarray, lr: np.ndarray, onset: int, until: int, lrc: LRConfig,
                    history: int = 0) -> int | None:
     """The row of the schedule's warm restart an excursion follows, or None.
 
-    The last one-row rise by ``raise_factor`` in the ``RESTART_LAG_ROWS`` rows up to the onset that took the LR
+    The LR's last step up before the onset (``lr_step_before``) when it took the LR
     back to a level the run had already trained at (``warm_restart``), with the LR held on the schedule from it to
     ``until`` (the excursion's end): never above that level, and no one-row step by ``raise_factor`` up or down
     after it (schedules move smoothly; a burst ends with a step back down, and a jump on top of the restart is a
     cause of its own). A loss that rises after such a restart and comes back is the schedule doing what it does
     (its clean twin does the same), not a fault."""
-    lo = max(history + 1, onset - RESTART_LAG_ROWS)
-    if onset < lo:
+    r = lr_step_before(lr, onset, history, lrc)
+    if r is None:
         return None
-    with np.errstate(invalid="ignore"):
-        rises = np.flatnonzero(lr[lo:onset + 1] >= lrc.raise_factor * lr[lo - 1:onset])
-    if not len(rises):
-        return None
-    r = lo + int(rises[-1])
     top = trained_level(steps[history:r], lr[history:r])
     if not warm_restart(lr, r - 1, r, top, lrc):
         return None

@@ -47,6 +47,7 @@ from runwatch.detectors.divergence import (
     in_warmup,
     lr_before,
     lr_jump_inside,
+    lr_step_before,
     restart_before,
     trained_level,
 )
@@ -423,9 +424,17 @@ def _lr_story(steps: np.ndarray, lr: np.ndarray, onset: int, end: int, history: 
     excursion up to its peak (from the row before the onset, and the onset row for a burst between coarse
     rows) against the LR before. Up to the peak, not at the onset only: a ramp reaches ``raise_factor`` after the loss
     began to move, and a noisy first row can open the excursion a few rows before the LR jump that makes it.
-    An excursion that follows the schedule's warm restart (``restart_before``) is the schedule's too."""
-    level = lr_before(lr, onset, history)
-    cause = lr[max(onset - 1, 0):max(onset, peak if peak is not None else onset) + 1]
+    An excursion that follows the schedule's warm restart (``restart_before``) is the schedule's too. The loss
+    answers a raised LR over tens of updates, so an excursion that begins within ``RESTART_LAG_ROWS`` of the LR's
+    last step up (``lr_step_before``), still in effect at the onset, is read against the LR before that step."""
+    anchor = onset
+    step_up = lr_step_before(lr, onset, history, lrc)
+    if step_up is not None and step_up < onset:
+        kept = lr[step_up:onset + 1]
+        if not np.any(kept[np.isfinite(kept)] * lrc.raise_factor <= lr[step_up]):  # not stepped back down since
+            anchor = step_up
+    level = lr_before(lr, anchor, history)
+    cause = lr[max(anchor - 1, 0):max(onset, peak if peak is not None else onset) + 1]
     cause = cause[np.isfinite(cause)]
     if level is None or not len(cause):
         return {"lr_before": None, "lr_at_onset": None, "lr_ratio": None, "lr_raised": False,
@@ -433,14 +442,15 @@ def _lr_story(steps: np.ndarray, lr: np.ndarray, onset: int, end: int, history: 
     lr_cause = float(cause.max())
     ratio = lr_cause / level
     raised = bool(ratio >= lrc.raise_factor)
-    # Still raised: over the episode (not at its last row only: a warm restart may land there), nearer the
-    # raised LR than the one before in log terms (a warm-up that goes on rising after a one-step burst is not
-    # the burst staying up).
+    # Still raised: over the episode (not at its last row only: a warm restart may land there) at raise_factor x
+    # the LR before, and never back at it (within ``flat``): a burst that ended is over, even where a warm-up
+    # goes on rising past it, while a schedule's own decay of a raised LR (a step schedule's x0.1) leaves it
+    # raised.
     during = lr[onset:end + 1]
     during = during[np.isfinite(during)]
-    still = bool(raised and len(during)
-                 and float(np.median(during)) >= max(lrc.raise_factor * level, math.sqrt(level * lr_cause)))
-    first = max(history, onset - 1 - LR_BEFORE_ROWS)
+    still = bool(raised and len(during) and float(np.median(during)) >= lrc.raise_factor * level
+                 and not np.any(during <= lrc.flat * level))
+    first = max(history, anchor - 1 - LR_BEFORE_ROWS)
     window = lr[first:onset + 1]
     rise = np.flatnonzero(np.isfinite(window) & (window >= lrc.raise_factor * level))
     rise_at = first + int(rise[0]) if len(rise) else onset

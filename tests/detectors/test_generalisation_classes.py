@@ -748,3 +748,28 @@ def test_23_a_wandering_grad_norm_does_not_pull_an_lr_divergence_early() -> None
         report = analyze(rows_table(steps, loss=loss, grad_norm=grad, lr=lr), events)
         got.append(([f.onset_step for f in report.findings if f.kind == "divergence"], report.rollback.checkpoint_step))
     assert got == [([1500], 1400)] * 40, [(seed, g) for seed, g in enumerate(got) if g != ([1500], 1400)]
+
+
+# 24. An LR raise some rows before the loss answers it is the cause, and a schedule's decay of it keeps it raised.
+
+@pytest.mark.parametrize("lag", [0, 12, 25])
+def test_24_an_lr_jump_the_loss_answers_rows_later_is_a_divergence_from_the_jump(lag: int) -> None:
+    """Step schedule (x0.1 at 200 and at 430), and from 235 the LR x22 for good; the loss jumps ``lag`` rows
+    later and stays up. A divergence from 235 whose advice restores the LR. Fails on ef2a51e (a critical spike
+    from the loss's jump: the LR story read the LR of the rows just before that jump, already raised, and
+    called the x22 "not still raised" once the schedule's x0.1 brought it to 2.2x the LR before; fresh seed
+    946133's run 111, looked at after that seed was scored)."""
+    n, peak = 720, 9e-3
+    steps = np.arange(n)
+    lr = np.where(steps < 150, peak * (steps + 1) / 150, peak)
+    lr[200:] *= 0.1
+    lr[235:] *= 22
+    lr[430:] *= 0.1
+    for seed in range(3):
+        loss = loss_curve(n, seed=seed, noise=0.05)
+        loss[235 + lag:] += 3.0 * np.exp(-np.arange(n - 235 - lag) / 30) + 1.0
+        report = analyze(rows_table(steps, loss=loss, grad_norm=grad_curve(n, seed=seed + 10), lr=lr),
+                         _ckpts(list(range(73, n, 73))))
+        assert [(f.kind, f.onset_step) for f in _alarms(report)] == [("divergence", 235)], report.findings
+        assert report.rollback.checkpoint_step == 219
+        assert any("restore it" in a for a in report.rollback.actions), report.rollback.actions
