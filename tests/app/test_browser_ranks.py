@@ -80,6 +80,9 @@ def test_per_rank_view_shows_heat_map_findings_by_host_and_the_checklist(server:
         heat = view.locator('[data-testid="stEChartsChart"][aria-busy="false"]')
         heat.wait_for(timeout=60_000)
         _wait_idle(page)
+        # The checklist's four steps render after the heat map (a loaded machine's fresh-clone run read the view
+        # between the two): wait for the last of them before reading the view's text.
+        view.locator(".stCheckbox").nth(3).wait_for(timeout=60_000)
         assert page.locator(".stException").count() == 0
         text = view.inner_text()
         assert "Ranks (2)" in text and "The OPT procedure" in text

@@ -44,7 +44,9 @@ def test_overview_lists_runs_with_health(monkeypatch: pytest.MonkeyPatch, demo_r
     assert health["demo-diverged"] in ("action needed", "stalled")  # an unrecovered loss, then the trainer stopped
     what = dict(zip(table["run"], table["what"]))
     assert "divergence" in what["demo-diverged"]  # caught as such, whichever health the timing shows
-    assert health["demo-rollback"] in ("healthy", "watching")  # rolled back and finished: not stalled
+    # Rolled back and finished: not stalled, no action needed. (Its step times are real wall time: on a loaded
+    # machine a slowdown can be open at its end, which a finished run reads as "unresolved".)
+    assert health["demo-rollback"] in ("healthy", "watching", "unresolved")
     assert table["run"].iloc[0] == "demo-diverged"  # worst first
     assert "action needed" in markdown(at) or "stalled" in markdown(at)
 

@@ -76,6 +76,10 @@ def _nan_titles(hook: Webhook) -> list[str]:
     return [t for t in hook.titles() if t.endswith(": nan")]
 
 
+def _is_nan_page(message: dict) -> bool:
+    return message["body"]["title"].endswith(": nan")
+
+
 def test_a_finding_that_comes_back_inside_the_cooldown_is_held(tmp_path: Path) -> None:
     root, ckpt = tmp_path / "runs", tmp_path / "ckpt"
     hook = Webhook().start()
@@ -123,17 +127,21 @@ def test_the_service_sends_one_alert_and_one_resolve_and_survives_an_outage(tmp_
         time.sleep(4)  # it retries with back-off meanwhile
         assert hook.received == []
         hook.start()
-        (alert,) = hook.wait_for(1, timeout=60)  # delivered by a retry (back-off at most a few seconds here)
+        # Delivered by a retry (back-off at most a few seconds here). Real wall time: on a loaded machine a
+        # slowdown can be paged too (a fresh-clone run beside a training job saw one first); the NaN's are judged.
+        (alert,) = hook.wait_for(1, timeout=60, where=_is_nan_page)
         assert alert["body"]["title"] == "[runwatch] ACTION gpt: nan" and alert["at"] > landed
         train_run(root, "gpt", 30, resume=(40, ckpt / "gpt-40.pt"))
-        hook.wait_for(2, timeout=30)
+        hook.wait_for(2, timeout=30, where=_is_nan_page)
         time.sleep(3)  # more ticks and file events: nothing is sent twice
-        assert hook.titles() == ["[runwatch] ACTION gpt: nan", "[runwatch] RESOLVED gpt: nan"]
+        assert _nan_titles(hook) == ["[runwatch] ACTION gpt: nan", "[runwatch] RESOLVED gpt: nan"]
     finally:
         out = _stop(proc)
         hook.stop()
     state = _state(root)
-    assert state["counters"]["alerts"] == 1 and state["counters"]["resolves"] == 1
+    others = [t for t in hook.titles() if not t.endswith(": nan")]  # a loaded machine's slowdown pages, if any
+    resolved = sum(t.startswith("[runwatch] RESOLVED") for t in others)
+    assert state["counters"]["alerts"] == 1 + len(others) - resolved and state["counters"]["resolves"] == 1 + resolved
     assert state["counters"]["failed_attempts"] >= 1 and state["outbox"] == []
     assert "Traceback" not in out
 

@@ -12,6 +12,7 @@ import json
 import socket
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -72,12 +73,14 @@ class Webhook:
         with self._lock:
             return [r["body"]["title"] for r in self.received]
 
-    def wait_for(self, count: int, timeout: float = 60.0) -> list[dict]:
+    def wait_for(self, count: int, timeout: float = 60.0, where: Callable[[dict], bool] | None = None) -> list[dict]:
+        """The messages received (those ``where`` accepts, when given) once there are ``count`` of them."""
         deadline = time.time() + timeout
         while time.time() < deadline:
             with self._lock:
-                if len(self.received) >= count:
-                    return list(self.received)
+                got = [r for r in self.received if where is None or where(r)]
+            if len(got) >= count:
+                return got
             time.sleep(0.05)
         raise AssertionError(f"expected {count} message(s) within {timeout} s, got {self.titles()}")
 
