@@ -74,10 +74,18 @@ class LRConfig:
     restart_slack: float = 1.05
     """A warm restart returns the LR to a level the run already trained at, within 5% (float rounding of the
     schedule's peak, or a restart peak a little lower than the first): the schedule, not a cause."""
+    held_steps: int = 8
+    """Updates an LR must be held for, seen in two rows at least, to be a level the run trained at: a burst of a
+    few updates is not one (a jump back up to a burst's LR is no warm restart)."""
+    lag_rows: int = 32
+    """Rows after an LR step up (a warm restart or a raise) within which an excursion is read as its answer: the
+    loss answers a raised LR over tens of updates (the natural rises after the fresh sets' restarts began 10-20
+    rows after them), and a fault later in the cycle must still be a fault."""
 
     def __post_init__(self) -> None:
         _check(self.raise_factor > self.flat >= 1 and self.restart_slack >= 1,
                "need raise_factor > flat >= 1 and restart_slack >= 1")
+        _check(self.held_steps >= 1 and self.lag_rows >= 1, "held_steps and lag_rows must be >= 1")
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -173,6 +181,11 @@ class DivergenceConfig:
     """Activation-norm growth into an onset that counts as its precursor (OPT watched it rise before blow-ups)."""
     grad_growth: float = 1.5
     """Gradient-norm growth into an onset that counts as its precursor: the trend broke there."""
+    growth_z: float = 3.0
+    """A norm's climb must rise (log of its last block median over its first) this many standard errors of the
+    difference of two block medians, taken from how far the block medians before it stray from one to the next:
+    on a noisy small-batch log the norms' block medians wander by 1.5x and more, and a walk back that follows the
+    wander finds a "growth" hundreds of steps before the real break (one-sided 1.3e-3 for a Gaussian)."""
     precursor_act: float = 3.0
     """Activation norm x3 ..."""
     precursor_grad: float = 2.0

@@ -86,7 +86,8 @@ def hinge_onset(values: np.ndarray) -> int:
     return int(knots[best]) + 1 if best or np.isfinite(sse[0]) else 0
 
 
-def growth_start(steps: np.ndarray, values: np.ndarray, before_step: int, min_growth: float) -> int | None:
+def growth_start(steps: np.ndarray, values: np.ndarray, before_step: int, min_growth: float,
+                 growth_z: float = DivergenceConfig().growth_z) -> int | None:
     """First step of a climb of ``values`` that runs into ``before_step``, or None.
 
     On block medians of everything before ``before_step``: walk back from the
@@ -114,7 +115,7 @@ def growth_start(steps: np.ndarray, values: np.ndarray, before_step: int, min_gr
         start = j
     if last - start < 2 or not y[last] >= min_growth * y[start] or start == 0:
         return None
-    if not _beyond_block_noise(y, start, last):
+    if not _beyond_block_noise(y, start, last, growth_z):
         return None
     mid = (start + last) // 2
     if (y[last] - y[mid]) / (last - mid) < 0.8 * (y[mid] - y[start]) / (mid - start):
@@ -124,21 +125,15 @@ def growth_start(steps: np.ndarray, values: np.ndarray, before_step: int, min_gr
     return int(s[lo + hinge_onset(a[lo:hi])])
 
 
-GROWTH_Z = 3.0
-"""A climb's rise (log of its last block median over its first) must pass this many standard errors of the
-difference of two block medians, taken from how far the block medians before it stray from one to the next:
-on a noisy small-batch log the norms' block medians wander by 1.5x and more, and a walk back that follows the
-wander finds a "growth" hundreds of steps before the real break (one-sided 1.3e-3 for a Gaussian)."""
-
-
-def _beyond_block_noise(y: np.ndarray, start: int, last: int) -> bool:
-    """Whether the climb of block medians ``y`` from ``start`` to ``last`` stands out of their own noise (in log
-    terms: growth is a ratio); True with too few blocks before it to measure that noise (4)."""
+def _beyond_block_noise(y: np.ndarray, start: int, last: int, growth_z: float) -> bool:
+    """Whether the climb of block medians ``y`` from ``start`` to ``last`` stands ``growth_z`` standard errors out of
+    their own noise (in log terms: growth is a ratio); True with too few blocks before it to measure that noise
+    (4)."""
     if start < 4 or not (y > 0).all():
         return True
     d = np.diff(np.log(y[:start + 1]))
     noise = MAD_TO_SIGMA * float(np.median(np.abs(d - np.median(d))))  # of a difference of two medians
-    return bool(np.log(y[last] / y[start]) >= GROWTH_Z * noise)
+    return bool(np.log(y[last] / y[start]) >= growth_z * noise)
 
 
 def act_growth_start(steps: np.ndarray, act: np.ndarray, before_step: int,
@@ -147,20 +142,15 @@ def act_growth_start(steps: np.ndarray, act: np.ndarray, before_step: int,
     return growth_start(steps, act, before_step, min_growth)
 
 
-LR_HELD_STEPS = 8
-"""Updates an LR must be held for, seen in two rows at least, to be a level the run trained at: a burst of a
-few updates is not one (a jump back up to a burst's LR is no warm restart)."""
-
-
-def trained_level(steps: np.ndarray, lr: np.ndarray) -> float:
-    """The highest LR the run trained at over these rows: the highest level held for ``LR_HELD_STEPS`` updates
+def trained_level(steps: np.ndarray, lr: np.ndarray, lrc: LRConfig) -> float:
+    """The highest LR the run trained at over these rows: the highest level held for ``lrc.held_steps`` updates
     (each run of that many rows, at least two, counts at its lowest); -inf without a finite LR."""
     ok = np.isfinite(lr)
     v, at = lr[ok], steps[ok]
     if not len(v):
         return -np.inf
     spacing = float(np.median(np.diff(at))) if len(at) > 1 else 1.0
-    rows = min(len(v), max(2, int(np.ceil(LR_HELD_STEPS / max(spacing, 1.0)))))
+    rows = min(len(v), max(2, int(np.ceil(lrc.held_steps / max(spacing, 1.0)))))
     held = v[:len(v) - rows + 1].copy()
     for j in range(1, rows):  # a running minimum by shifted contiguous slices (a strided view's min is ~10x slower)
         np.minimum(held, v[j:len(v) - rows + 1 + j], out=held)
@@ -178,16 +168,10 @@ def warm_restart(lr: np.ndarray, low: int, first: int, trained_max: float, lrc: 
                     and not np.any(after > lrc.flat * lr[first]))
 
 
-RESTART_LAG_ROWS = 32
-"""Rows after an LR step up (a warm restart or a raise) within which an excursion is read as its answer: the
-loss answers a raised LR over tens of updates (the natural rises after the fresh sets' restarts began 10-20
-rows after them), and a fault later in the cycle must still be a fault."""
-
-
 def lr_step_before(lr: np.ndarray, onset: int, history: int, lrc: LRConfig) -> int | None:
-    """The row of the last one-row rise of the LR by ``raise_factor`` in the ``RESTART_LAG_ROWS`` rows up to the
+    """The row of the last one-row rise of the LR by ``raise_factor`` in the ``lag_rows`` rows up to the
     onset, or None: the update an excursion that begins there may be answering."""
-    lo = max(history + 1, onset - RESTART_LAG_ROWS)
+    lo = max(history + 1, onset - lrc.lag_rows)
     if onset < lo:
         return None
     with np.errstate(invalid="ignore"):
@@ -208,7 +192,7 @@ def restart_before(steps: np.ndarray, lr: np.ndarray, onset: int, until: int, lr
     r = lr_step_before(lr, onset, history, lrc)
     if r is None:
         return None
-    top = trained_level(steps[history:r], lr[history:r])
+    top = trained_level(steps[history:r], lr[history:r], lrc)
     if not warm_restart(lr, r - 1, r, top, lrc):
         return None
     held = lr[r:max(until, onset) + 1]
@@ -252,7 +236,7 @@ def lr_rise_start(steps: np.ndarray, lr: np.ndarray, onset: int, lrc: LRConfig, 
                 or in_warmup(steps, lr, int(steps[low])):
             return None
         first = int(idx[k + 1])
-        if warm_restart(lr, low, first, trained_level(steps[:low + 1], lr[:low + 1]), lrc):
+        if warm_restart(lr, low, first, trained_level(steps[:low + 1], lr[:low + 1], lrc), lrc):
             lo = first  # a warm restart: look for a rise after it
             continue
         return first
@@ -299,8 +283,8 @@ def cause_start(steps: np.ndarray, obs: Observations, onset: int, history: int, 
     ``until`` (DETECTION.md section 5: the change point, not the step where the loss crossed a line). Never
     into a resumed segment's seeded parent history."""
     at = int(steps[onset])
-    act = growth_start(steps, obs["act_norm"], at, cfg.act_growth) if "act_norm" in obs else None
-    grad = growth_start(steps, obs["grad_norm"], at, cfg.grad_growth) if "grad_norm" in obs else None
+    act = growth_start(steps, obs["act_norm"], at, cfg.act_growth, cfg.growth_z) if "act_norm" in obs else None
+    grad = growth_start(steps, obs["grad_norm"], at, cfg.grad_growth, cfg.growth_z) if "grad_norm" in obs else None
     rise = lr_rise_start(steps, obs["lr"], onset, lrc, until) if "lr" in obs else None
     lr_step = int(steps[rise]) if rise is not None else None
     floor = int(steps[history]) if history < len(steps) else at
@@ -461,7 +445,7 @@ class DivergenceScanner:
         steps, act, grad = obs["step"], obs["act_norm"], obs["grad_norm"]
         if len(steps) == 0:
             return None
-        climb = growth_start(steps, act, int(steps[-1]) + 1, self.cfg.act_growth)
+        climb = growth_start(steps, act, int(steps[-1]) + 1, self.cfg.act_growth, self.cfg.growth_z)
         if climb is None or in_warmup(steps, obs["lr"], climb):
             return None  # a climb that began inside the LR warm-up is the model answering the rising LR
         i = int(np.searchsorted(steps, climb))
@@ -504,7 +488,7 @@ def lr_raised_since(steps: np.ndarray, lr: np.ndarray, lrc: LRConfig, history: i
     first = k + 1
     if idx[first] <= history or in_warmup(steps, lr, int(steps[idx[first]])):
         return None
-    if warm_restart(v, k, first, trained_level(steps[idx[:k + 1]], v[:k + 1]), lrc):
+    if warm_restart(v, k, first, trained_level(steps[idx[:k + 1]], v[:k + 1], lrc), lrc):
         return None
     return int(idx[first])
 

@@ -425,7 +425,7 @@ def _lr_story(steps: np.ndarray, lr: np.ndarray, onset: int, end: int, history: 
     rows) against the LR before. Up to the peak, not at the onset only: a ramp reaches ``raise_factor`` after the loss
     began to move, and a noisy first row can open the excursion a few rows before the LR jump that makes it.
     An excursion that follows the schedule's warm restart (``restart_before``) is the schedule's too. The loss
-    answers a raised LR over tens of updates, so an excursion that begins within ``RESTART_LAG_ROWS`` of the LR's
+    answers a raised LR over tens of updates, so an excursion that begins within ``lrc.lag_rows`` of the LR's
     last step up (``lr_step_before``), still in effect at the onset, is read against the LR before that step."""
     anchor = onset
     step_up = lr_step_before(lr, onset, history, lrc)
@@ -454,7 +454,7 @@ def _lr_story(steps: np.ndarray, lr: np.ndarray, onset: int, end: int, history: 
     window = lr[first:onset + 1]
     rise = np.flatnonzero(np.isfinite(window) & (window >= lrc.raise_factor * level))
     rise_at = first + int(rise[0]) if len(rise) else onset
-    earlier = trained_level(steps[history:rise_at], lr[history:rise_at])  # the highest LR the run trained at before this rise
+    earlier = trained_level(steps[history:rise_at], lr[history:rise_at], lrc)  # the highest LR the run trained at before this rise
     held = lr[onset:onset + patience]
     # The schedule: the LR went back to a level the run already trained at and stayed there (a warm restart).
     scheduled = bool(raised and lr_cause <= lrc.restart_slack * earlier
