@@ -483,7 +483,7 @@ def classify(sc: SpikeScanner, ep: Episode, obs: Observations) -> Finding | None
         rise = (loss[onset:end + 1] - sc.projection(ep, onset, end + 1)) / abs(base)
     far = (zl_c > f["thr_loss"]) & (rise >= cfg.min_rise)
     num_far, num_out = int(far.sum()), int((zl_c > cfg.z_band).sum())
-    loss_moved = num_far > 0 or ep.rule in ("cusum", "burst")
+    loss_moved = num_far > 0 or ep.rule != "shewhart"  # a CUSUM of the bank fired: the loss moved
     grad_far = math.isfinite(f["glevel"]) and bool(np.any((zg_c > f["thr_grad"]) & (zg_c * f["gscale"] >= math.log(cfg.grad_min_ratio))))
     if ep.is_open:  # out for longer than the patience allows: not recovered (yet; a later recovery still counts)
         recovered = False if n - onset >= cfg.patience_obs else None
