@@ -82,17 +82,21 @@ def live_rank_stalls(ranks: Mapping[int, RankProgress], segment: int, now: float
     known = [e for e in expected.values() if e is not None]
     if not known:
         return []
-    silent = {}
+    silent, stepping = {}, set()
     for r, p in live.items():
         wait = expected[r] if expected[r] is not None else float(np.median(known))
         _, at = _last(p)
         if np.isfinite(at) and is_live_stall(now - at, wait, cfg, allowance):
             silent[r] = (now - at, wait)
+        elif not np.isfinite(at) or now - at <= cfg.ratio * wait + allowance:
+            stepping.add(r)
     if not silent:
         return []
-    if len(silent) < len(live):  # the others still progress: each silent rank is its own stall
+    # A rank still inside its own rhythm progresses; one stopped by it but not yet past the live floor waits in
+    # a collective: its last sign of progress (the forward pass it finished) came just after the holder's.
+    if stepping:  # the others still progress: each silent rank is its own stall
         return [_finding(live[r], segment, *silent[r], allowance, [], now, hosts, live, cfg) for r in sorted(silent)]
-    culprits = _culprits(live, now, cfg)
+    culprits = [r for r in _culprits(live, now, cfg) if r in silent]
     if not culprits:
         r = min(silent, key=lambda k: silent[k][0])
         return [_finding(live[r], segment, *silent[r], allowance, [], now, hosts, live, cfg, whole_run=True)]

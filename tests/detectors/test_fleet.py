@@ -192,6 +192,22 @@ def test_live_hang_names_the_rank_behind_and_the_ranks_waiting_for_it() -> None:
     assert not _live(rows, 3, heartbeats, last + 3.0, LIVE)  # inside the rule's wait: nothing yet
 
 
+def test_ranks_stopped_just_after_the_holder_wait_for_it_before_they_pass_the_live_floor() -> None:
+    """The waiting ranks' last sign of progress (the forward pass they finished) comes after the holder's, so
+    there is a window where only the holder is past the live floor. The others are not progressing in it: they
+    stopped by their own rhythm (10 steps' wait), and they wait for the holder (a CI run caught that window
+    and named rank 1 with nobody waiting)."""
+    rows = fleet_rows(3, n=400)
+    last = float(rows["time"].to_numpy().max())
+    beat = {"time": last + 6.0, "every_s": 10.0, "step": 399}
+    heartbeats = {(0, 0): {**beat, "phase": "backward", "phase_time": last + 1.5},
+                  (0, 1): {**beat, "phase": "step", "phase_time": last},
+                  (0, 2): {**beat, "phase": "backward", "phase_time": last + 1.5}}
+    found = _live(rows, 3, heartbeats, last + 6.0, LIVE)  # rank 1 silent 6 s (> 5), ranks 0 and 2 4.5 s
+    assert [(f.rank, f.evidence["waiting_ranks"]) for f in found] == [(1, [0, 2])]
+    assert "rank(s) 0, 2 wait for it" in found[0].message
+
+
 def test_live_hang_names_the_rank_whose_heartbeat_stopped() -> None:
     rows = fleet_rows(2, n=400)
     last = float(rows["time"].to_numpy().max())
