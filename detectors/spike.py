@@ -438,7 +438,7 @@ def _lr_story(steps: np.ndarray, lr: np.ndarray, onset: int, end: int, history: 
     cause = cause[np.isfinite(cause)]
     if level is None or not len(cause):
         return {"lr_before": None, "lr_at_onset": None, "lr_ratio": None, "lr_raised": False,
-                "lr_still_raised": False, "lr_scheduled": False, "lr_restart_step": None}
+                "lr_still_raised": False, "lr_scheduled": False, "lr_restart_step": None, "lr_step_up_step": None}
     lr_cause = float(cause.max())
     ratio = lr_cause / level
     raised = bool(ratio >= lrc.raise_factor)
@@ -460,9 +460,12 @@ def _lr_story(steps: np.ndarray, lr: np.ndarray, onset: int, end: int, history: 
     scheduled = bool(raised and lr_cause <= lrc.restart_slack * earlier
                      and len(held) >= patience and np.all(held >= 0.5 * lr_cause))
     restart = restart_before(steps, lr, onset, end, lrc, history)
+    # The last step up within the lag, ended or not and outside the opening warm-up: evidence a shift has a cause.
+    stepped = step_up is not None and not in_warmup(steps, lr, int(steps[step_up]))
     return {"lr_before": level, "lr_at_onset": lr_cause, "lr_ratio": ratio, "lr_raised": raised,
             "lr_still_raised": still, "lr_scheduled": scheduled or restart is not None,
-            "lr_restart_step": None if restart is None else int(steps[restart])}
+            "lr_restart_step": None if restart is None else int(steps[restart]),
+            "lr_step_up_step": int(steps[step_up]) if stepped else None}
 
 
 def classify(sc: SpikeScanner, ep: Episode, obs: Observations) -> Finding | None:
@@ -502,7 +505,12 @@ def classify(sc: SpikeScanner, ep: Episode, obs: Observations) -> Finding | None
                   and lasting["lasting_above_level"] >= cfg.lasting_rise * abs(base))
     if ep.data.get("noise_grew"):
         persistent, recovered = False, True
-    if not persistent or (lr_story["lr_scheduled"] and recovered is not False):
+    # A shift only the CUSUM bank saw (no observation past the run's own single-observation bar) with neither
+    # the LR raised before it nor the gradient norm past its bar: training's own wander (a rebound after a fast
+    # fall) makes such shifts with nothing wrong. Annotated, unless it stays (not recovered) or costs.
+    lr_moved = lr_story["lr_raised"] or lr_story["lr_step_up_step"] is not None
+    quiet = cfg.corroborate_shifts and ep.rule != "shewhart" and num_far == 0 and not grad_far and not lr_moved
+    if not persistent or (recovered is not False and (lr_story["lr_scheduled"] or (quiet and not costly))):
         severity, needs = "info", False
     elif recovered is False or costly:
         severity, needs = "critical", True
@@ -528,6 +536,7 @@ def classify(sc: SpikeScanner, ep: Episode, obs: Observations) -> Finding | None
         else int(steps[max(ep.trigger, onset)]),
         **lr_story, **lasting,
         "recovery_steps": int(steps[ep.recovered_at] - steps[onset]) if ep.recovered_at is not None else None,
+        "uncorroborated": quiet,
     }
     if recovered is False or lr_story["lr_still_raised"]:  # a divergence's onset is where the trend broke
         at, growth = cause_start(steps, obs, onset, sc.ctx.history, sc.ctx.config.divergence, sc.ctx.config.lr,
@@ -588,6 +597,8 @@ def _message(ev: dict, onset_step: int, recovered: bool | None, loss_moved: bool
         text += "; not back to its trend"
     else:
         text += "; not back to trend yet"
+    if ev.get("uncorroborated") and recovered is not False and not costly:
+        text += " (a small shift alone: no observation far out, the LR and gradient norm steady; noted, not paged)"
     return text
 
 

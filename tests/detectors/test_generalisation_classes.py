@@ -7,7 +7,10 @@ Each test builds a small synthetic series in code and judges it through ``analyz
 
 from __future__ import annotations
 
+import csv
+import gzip
 import json
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -17,6 +20,8 @@ from runwatch.detectors.analysis import Report, analyze
 from runwatch.detectors.finding import Finding
 from runwatch.detectors.streaming import StreamingAnalyzer
 from tests.detectors.synth import events_table, grad_curve, loss_curve, rows_table
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
 
 def _ckpts(steps: list[int], resume: tuple[int, int] | None = None) -> pa.Table:
@@ -48,10 +53,13 @@ def test_1_loss_noise_growing_block_after_block_is_not_a_stream_of_spikes(seed: 
     sigma = 0.02 * 1.6 ** np.interp(steps, [0, 400, 496, n], [0, 0, 6, 6])
     loss = _trend(n) + rng.normal(0, 1, n) * sigma
     assert _alarms(analyze(rows_table(steps, loss=loss, grad_norm=grad_curve(n, seed=seed + 10)))) == []
-    # A real spike on the grown noise is still one.
+    # A real spike on the grown noise is still one: an alarm, or (seed 2, whose tail raised the single-observation
+    # bar to 8.1 of its sigmas) a shift only the CUSUM bank saw, with nothing else moving: an annotation.
     loss[900:930] += 10 * sigma[-1] * np.exp(-np.arange(30) / 10)
-    spikes = _alarms(analyze(rows_table(steps, loss=loss, grad_norm=grad_curve(n, seed=seed + 10))), "spike")
-    assert [f.onset_step for f in spikes] == [900]
+    report = analyze(rows_table(steps, loss=loss, grad_norm=grad_curve(n, seed=seed + 10)))
+    spikes = [f for f in report.findings if f.kind == "spike" and f.onset_step >= 600]
+    assert [f.onset_step for f in spikes] == [900] and [f.onset_step for f in _alarms(report)] in ([900], [])
+    assert spikes[0].severity == "warning" or spikes[0].evidence["uncorroborated"], spikes[0]
 
 
 # 2. "The noise grew" is info, not a spike, when the far-out values fall below as often as above
@@ -538,19 +546,23 @@ def test_15_streaming_equals_offline_across_an_lr_raise() -> None:
 def test_16_a_lasting_small_lift_is_not_absorbed_by_the_baseline(seed: int) -> None:
     """From step 1000 the loss sits 2.5 sigmas higher for good (no LR change: a data or hardware change). The
     level, a median of recent block medians, takes such a lift in within ~16 observations; judged against the
-    level from 32 observations earlier, the CUSUM reaches its bar first: an alarm from 1000. Fails on the commit
-    before this test (no finding for any seed). A lift of 0.5 sigma stays unreported (guard)."""
+    level from 32 observations earlier, the CUSUM reaches its bar first: found from 1000. Fails on the commit
+    before this test (no finding for any seed). A lift of 0.5 sigma stays unreported (guard). With nothing else
+    moving (no observation far out, the LR and gradient norm steady) and the falling trend carrying the loss
+    back under its projection (a lasting cost under ``lasting_sigmas``), it is an annotation
+    (``SpikeConfig.corroborate_shifts``)."""
     n = 1600
     steps = np.arange(n)
     for lift, found in ((2.5, True), (0.5, False)):
         loss = loss_curve(n, seed=seed, noise=0.05)
         loss[1000:] += lift * 0.05
-        alarms = _alarms(analyze(rows_table(steps, loss=loss, grad_norm=grad_curve(n, seed=seed + 10))))
+        report = analyze(rows_table(steps, loss=loss, grad_norm=grad_curve(n, seed=seed + 10)))
         if found:
-            assert [(f.kind, f.onset_step) for f in alarms] == [("spike", 1000)], alarms
-            assert alarms[0].evidence["rule"] == "cusum"
+            assert [(f.kind, f.onset_step) for f in report.findings] == [("spike", 1000)], report.findings
+            f = report.findings[0]
+            assert f.evidence["rule"] == "cusum" and (f.severity != "info" or f.evidence["uncorroborated"]), f
         else:
-            assert alarms == [], alarms
+            assert _alarms(report) == [], report.findings
 
 
 def test_15_where_a_jump_under_the_raised_lr_is_found_the_change_point_gives_way() -> None:
@@ -688,9 +700,11 @@ def test_20_an_lr_ramp_from_a_decayed_lr_is_the_onset_on_a_coarse_log(num_rows: 
 @pytest.mark.parametrize("seed", range(6))
 def test_21_a_five_step_bad_batch_under_the_single_observation_bar_is_an_alarm(seed: int) -> None:
     """Five observations 6 per-step sigmas up (about 4 of the detector's robust sigmas each, under the 6-sigma
-    trigger; their clipped sum above k = 0.5 ~17, under the CUSUM's 24): a warning from the first of them.
-    Fails on 01534a4 for four of the six (three unseen, one an 'info' blip; seeds 195624 and 446183 missed such
-    batches). Guard: the same run without the batch raises nothing."""
+    trigger; their clipped sum above k = 0.5 ~17, under the CUSUM's 24): found from the first of them. Fails on
+    01534a4 for four of the six (three unseen, one an 'info' blip; seeds 195624 and 446183 missed such
+    batches). Where no observation passes the single-observation bar and nothing else moved (the LR and the
+    gradient norm steady), the burst CUSUM's finding is an annotation (``SpikeConfig.corroborate_shifts``);
+    where one does, a warning. Guard: the same run without the batch raises nothing."""
     n = 1600
     steps = np.arange(n)
     loss = loss_curve(n, seed=seed, noise=0.05)
@@ -698,7 +712,10 @@ def test_21_a_five_step_bad_batch_under_the_single_observation_bar_is_an_alarm(s
     loss[1000:1005] += 6 * 0.05
     spikes = [f for f in analyze(rows_table(steps, loss=loss, grad_norm=grad_curve(n, seed=seed + 10))).findings
               if f.kind == "spike"]
-    assert [(f.onset_step, f.severity, f.self_recovered) for f in spikes] == [(1000, "warning", True)], spikes
+    assert [(f.onset_step, f.self_recovered) for f in spikes] == [(1000, True)], spikes
+    f = spikes[0]
+    assert (f.severity, f.evidence["rule"]) == ("warning", "shewhart") or (
+        (f.severity, f.evidence["rule"], f.evidence["uncorroborated"]) == ("info", "burst", True)), f
 
 
 # 22. A level the run trained at is one it held: a burst's LR does not make a later jump "the schedule".
@@ -773,3 +790,28 @@ def test_24_an_lr_jump_the_loss_answers_rows_later_is_a_divergence_from_the_jump
         assert [(f.kind, f.onset_step) for f in _alarms(report)] == [("divergence", 235)], report.findings
         assert report.rollback.checkpoint_step == 219
         assert any("restore it" in a for a in report.rollback.actions), report.rollback.actions
+
+
+# 25. A shift only the CUSUM bank sees, with nothing else moving, is noted, not paged.
+
+@pytest.mark.parametrize("run", ["f247925-005", "f781099-144"])
+def test_25_a_fault_free_runs_own_rebound_is_an_annotation_not_an_alarm(run: str) -> None:
+    """Real fault-free CPU training (the fresh set's twins, ``tests/fixtures/twins``): after a fast fall the loss
+    rebounds ~3 of its sigmas for tens of steps and comes back, the LR and the gradient norm steady. The CUSUM
+    sees a shift; with no observation past the single-observation bar and no second signal it is an 'info'
+    annotation. Fails on 7a8f328 (a warning each: 11 of the 14 spike alarms outside every label on the
+    looked-at fresh seeds were of this kind). The same rebound answering an LR raised just before it is an
+    alarm: the LR is the second signal."""
+    with gzip.open(FIXTURES / "twins" / f"{run}.csv.gz", "rt") as fh:
+        rows = list(csv.DictReader(fh))
+    steps = np.array([int(float(r["step"])) for r in rows])
+    cols = {k: np.array([float(r[k]) for r in rows]) for k in rows[0] if k != "step"}
+    spikes = [f for f in analyze(rows_table(steps, **cols)).findings if f.kind == "spike"]
+    assert spikes and all(f.severity == "info" and f.evidence["uncorroborated"] for f in spikes), spikes
+    first = spikes[0]
+    lr = cols["lr"].copy()
+    at = int(np.searchsorted(steps, first.onset_step))
+    lr[at - 4:at - 1] *= 4  # three updates at 4x the LR, ending two steps before the rebound
+    raised = [f for f in analyze(rows_table(steps, **{**cols, "lr": lr})).findings
+              if f.kind == "spike" and f.onset_step == first.onset_step]
+    assert raised and raised[0].severity in ("warning", "critical") and not raised[0].evidence["uncorroborated"], raised
