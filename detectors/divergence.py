@@ -255,14 +255,18 @@ def lr_before(lr: np.ndarray, onset: int, history: int = 0) -> float | None:
 
 
 def lr_jump_inside(steps: np.ndarray, lr: np.ndarray, onset: int, until: int, lrc: LRConfig,
-                   history: int = 0) -> int | None:
+                   history: int = 0, level: float | None = None) -> int | None:
     """The row of an LR jump inside an excursion: the first row in (onset, until] at >= ``raise_factor`` x the LR before
-    the onset, with the LR still at that level from the onset to it and after the opening warm-up; else None.
+    the onset (or ``level``), with the LR still at that level from the onset to it and after the opening warm-up;
+    else None.
 
     An onset estimated from the loss alone can land a few rows early (a heavy-tailed batch, a hinge fit
     smeared by the jump); when the LR was unchanged there and jumps before the peak, the change point is the
-    first update under the raised LR (DETECTION.md section 5), and the rollback must precede that."""
-    level = lr_before(lr, onset, history)
+    first update under the raised LR (DETECTION.md section 5), and the rollback must precede that. Where the
+    first jump is the schedule's warm restart and the LR jumps again from the restart's level before ``until``,
+    the later jump is the one the loss answered (a restart at 396 and a burst at 405 put the onset at the
+    restart, a checkpoint too early); a restart alone stays the change point (the schedule's)."""
+    level = lr_before(lr, onset, history) if level is None else level
     if level is None or until <= onset:
         return None
     inside = lr[onset + 1:until + 1]
@@ -273,6 +277,9 @@ def lr_jump_inside(steps: np.ndarray, lr: np.ndarray, onset: int, until: int, lr
     flat = lr[onset:jump]  # a ramp's first rows are already its cause: only a jump from the level moves the onset
     if not np.all(np.isfinite(flat) & (flat <= lrc.flat * level)) or in_warmup(steps, lr, int(steps[jump])):
         return None
+    if warm_restart(lr, jump - 1, jump, trained_level(steps[history:jump], lr[history:jump], lrc), lrc):
+        later = lr_jump_inside(steps, lr, jump, until, lrc, history, level=float(lr[jump]))
+        return jump if later is None else later
     return jump
 
 

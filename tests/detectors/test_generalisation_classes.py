@@ -796,16 +796,13 @@ def test_24_an_lr_jump_the_loss_answers_rows_later_is_a_divergence_from_the_jump
 
 @pytest.mark.parametrize("run", ["f247925-005", "f781099-144"])
 def test_25_a_fault_free_runs_own_rebound_is_an_annotation_not_an_alarm(run: str) -> None:
-    """Real fault-free CPU training (the fresh set's twins, ``tests/fixtures/twins``): after a fast fall the loss
+    """Real fault-free CPU training (the fresh set's twins, ``tests/fixtures/fresh``): after a fast fall the loss
     rebounds ~3 of its sigmas for tens of steps and comes back, the LR and the gradient norm steady. The CUSUM
     sees a shift; with no observation past the single-observation bar and no second signal it is an 'info'
     annotation. Fails on 7a8f328 (a warning each: 11 of the 14 spike alarms outside every label on the
     looked-at fresh seeds were of this kind). The same rebound answering an LR raised just before it is an
     alarm: the LR is the second signal."""
-    with gzip.open(FIXTURES / "twins" / f"{run}.csv.gz", "rt") as fh:
-        rows = list(csv.DictReader(fh))
-    steps = np.array([int(float(r["step"])) for r in rows])
-    cols = {k: np.array([float(r[k]) for r in rows]) for k in rows[0] if k != "step"}
+    steps, cols = _fresh_run(f"{run}-twin")
     spikes = [f for f in analyze(rows_table(steps, **cols)).findings if f.kind == "spike"]
     assert spikes and all(f.severity == "info" and f.evidence["uncorroborated"] for f in spikes), spikes
     first = spikes[0]
@@ -815,3 +812,29 @@ def test_25_a_fault_free_runs_own_rebound_is_an_annotation_not_an_alarm(run: str
     raised = [f for f in analyze(rows_table(steps, **{**cols, "lr": lr})).findings
               if f.kind == "spike" and f.onset_step == first.onset_step]
     assert raised and raised[0].severity in ("warning", "critical") and not raised[0].evidence["uncorroborated"], raised
+
+
+def _fresh_run(name: str) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Steps and columns of a run of the fresh set kept in ``tests/fixtures/fresh``."""
+    with gzip.open(FIXTURES / "fresh" / f"{name}.csv.gz", "rt") as fh:
+        rows = list(csv.DictReader(fh))
+    steps = np.array([int(float(r["step"])) for r in rows])
+    return steps, {k: np.array([r[k] == "True" for r in rows]) if k == "found_inf" else
+                   np.array([float(r[k]) for r in rows]) for k in rows[0] if k != "step"}
+
+
+# 26. The schedule's warm restart inside an excursion is not the LR jump that caused it.
+
+def test_26_a_warm_restart_before_the_burst_is_not_the_divergences_onset() -> None:
+    """Real CPU training (fresh seed 247925's run 27, ``tests/fixtures/fresh``): cosine with warm restarts; the
+    restart at 396 takes the LR x20 back to the warm-up's peak, an injected burst x245 at 405-408 blows the loss
+    up from 406 for good. The loss's hinge onset lands at 384 (batch 6), and the first LR row past 1.5x the LR
+    before it is the restart's: the onset went to 396 and the advice to checkpoint 320. The restart is the
+    schedule; the jump from its level is the cause: onset 405, advice checkpoint 400 (the last before 404,
+    the last logged step before the onset). Fails on 7a8f328 (onset 396, checkpoint 320)."""
+    steps, cols = _fresh_run("f247925-027")
+    events = json.loads((FIXTURES / "fresh" / "f247925-027-checkpoints.json").read_text())
+    report = analyze(rows_table(steps, **cols), events_table(events))
+    [div] = [f for f in report.findings if f.kind == "divergence"]
+    assert (div.onset_step, div.self_recovered) == (405, False), div
+    assert report.rollback is not None and report.rollback.checkpoint_step == 400, report.rollback
