@@ -22,8 +22,8 @@ import shlex
 import numpy as np
 import pyarrow as pa
 
-from runwatch.detectors.config import AdviceConfig
-from runwatch.detectors.divergence import act_growth_start, in_warmup
+from runwatch.detectors.config import AdviceConfig, LRConfig
+from runwatch.detectors.divergence import act_growth_start, answers_the_schedule
 from runwatch.detectors.finding import Finding, Rollback, SegmentInfo
 from runwatch.detectors.registry import NO_ROLLBACK_KINDS
 
@@ -74,7 +74,7 @@ CONTRACT = ("a checkpoint at step s holds the update of step s, and the first ba
 
 
 def _health(ckpt_step: int, main: dict[str, np.ndarray], findings: list[Finding],
-            window: int, climb_ratio: float) -> tuple[bool, str, int | None]:
+            window: int, climb_ratio: float, lrc: LRConfig) -> tuple[bool, str, int | None]:
     """OPT criteria over the observations up to the checkpoint: (healthy, why, start of an act-norm climb or None)."""
     steps = main["step"]
     upto = int(np.searchsorted(steps, ckpt_step, side="right"))
@@ -91,17 +91,17 @@ def _health(ckpt_step: int, main: dict[str, np.ndarray], findings: list[Finding]
         # Inside an incident (or at the step before its first bad value, which may hold its update).
         if f.kind not in NO_ROLLBACK_KINDS and f.severity != "info" and f.onset_step - 1 <= ckpt_step <= f.end_step:
             return False, f"inside the {f.kind} from step {f.onset_step}", None
-    growth = _climb(main, ckpt_step + 1, climb_ratio)
+    growth = _climb(main, ckpt_step + 1, climb_ratio, lrc)
     if growth is not None:
         return False, f"activation norm climbing since step {growth}", growth
     return True, HEALTHY, None
 
 
-def _climb(main: dict[str, np.ndarray], before_step: int, ratio: float) -> int | None:
+def _climb(main: dict[str, np.ndarray], before_step: int, ratio: float, lrc: LRConfig) -> int | None:
     """Start of an activation-norm climb into ``before_step`` (after the warm-up) that has multiplied the norm by
     ``ratio`` by then: OPT's precursor. A small model's natural growth of tens of percent is no precursor."""
     steps, act = main["step"], main["act_norm"]
-    start = _after_warmup(act_growth_start(steps, act, before_step), main)
+    start = _not_the_schedules(act_growth_start(steps, act, before_step), main, lrc)
     if start is None:
         return None
     i, j = int(np.searchsorted(steps, start)), int(np.searchsorted(steps, before_step))
@@ -112,12 +112,13 @@ def _climb(main: dict[str, np.ndarray], before_step: int, ratio: float) -> int |
     return start if float(np.median(b) / np.median(a)) >= ratio else None
 
 
-def _after_warmup(growth: int | None, main: dict[str, np.ndarray]) -> int | None:
-    """An activation-norm climb that began inside the LR warm-up is the model answering the rising LR,
-    not a precursor: walking back before it would skip every checkpoint of early training."""
+def _not_the_schedules(growth: int | None, main: dict[str, np.ndarray], lrc: LRConfig) -> int | None:
+    """An activation-norm climb that answers the schedule (``answers_the_schedule``: the opening warm-up, a warm
+    restart) is not a precursor: walking back before it would skip every checkpoint of early training, or of each
+    cycle."""
     if growth is None or "lr" not in main:
         return growth
-    return None if in_warmup(main["step"], main["lr"], growth) else growth
+    return None if answers_the_schedule(main["step"], main["lr"], growth, lrc) else growth
 
 
 def _position(main: dict[str, np.ndarray], name: str, step: int) -> int | None:
@@ -157,14 +158,14 @@ def _on_main_line(ckpt: dict, segments: list[SegmentInfo]) -> bool:
 
 def _choose(checkpoints: list[dict], cutoff: int, main: dict[str, np.ndarray], findings: list[Finding],
             present_paths: set[str] | None, segments: list[SegmentInfo], climb_ratio: float,
-            window: int) -> tuple[dict | None, dict | None, list[dict], int]:
+            window: int, lrc: LRConfig) -> tuple[dict | None, dict | None, list[dict], int]:
     """(chosen, the better one that is gone, rejected with reasons latest first, the final cutoff step)."""
     rejected, missing = [], None
     for ckpt in reversed([c for c in checkpoints if c["step"] < cutoff and _on_main_line(c, segments)]):
         if ckpt["step"] >= cutoff:  # a climb found on a later checkpoint moved the cutoff back
             rejected.append({"step": ckpt["step"], "why": f"after the activation-norm climb from step {cutoff}"})
             continue
-        healthy, why, growth = _health(ckpt["step"], main, findings, window, climb_ratio)
+        healthy, why, growth = _health(ckpt["step"], main, findings, window, climb_ratio, lrc)
         if not healthy:
             rejected.append({"step": ckpt["step"], "why": why})
             # The climb into a rejected checkpoint began at ``growth``: a checkpoint taken after that
@@ -234,8 +235,9 @@ def _incident_onset(target: Finding, findings: list[Finding]) -> int:
 
 def advise(findings: list[Finding], checkpoints: list[dict], main: dict[str, np.ndarray],
            present_paths: set[str] | None = None, segments: list[SegmentInfo] | None = None,
-           config: AdviceConfig | None = None) -> Rollback | None:
-    """Rollback advice for the earliest open finding that needs action, or None when nothing does."""
+           config: AdviceConfig | None = None, lr_config: LRConfig | None = None) -> Rollback | None:
+    """Rollback advice for the earliest open finding that needs action, or None when nothing does (``lr_config``:
+    what counts as the schedule's LR, ``DetectorConfig.lr``)."""
     cfg = config or AdviceConfig()
     target = _target(findings)
     if target is None:
@@ -245,11 +247,13 @@ def advise(findings: list[Finding], checkpoints: list[dict], main: dict[str, np.
     cutoff = healthy_step  # checkpoints strictly before the last healthy logged step
     evidence = {"finding": target.kind, "onset_step": target.onset_step, "incident_onset_step": onset,
                 "last_healthy_step": healthy_step}
-    growth = _after_warmup(target.evidence.get("act_norm_climb_step"), main) or _climb(main, onset, cfg.act_climb_ratio)
+    lrc = lr_config or LRConfig()
+    growth = (_not_the_schedules(target.evidence.get("act_norm_climb_step"), main, lrc)
+              or _climb(main, onset, cfg.act_climb_ratio, lrc))
     if growth is not None and growth <= cutoff:
         cutoff, evidence["act_norm_growth_from"] = growth, growth
     chosen, missing, rejected, walked = _choose(checkpoints, cutoff, main, findings, present_paths, segments or [],
-                                                cfg.act_climb_ratio, cfg.health_window)
+                                                cfg.act_climb_ratio, cfg.health_window, lrc)
     if walked < cutoff:
         cutoff = evidence["act_norm_growth_from"] = walked
     skip, positions = skip_window(chosen["step"] if chosen else None, target, main, cfg)

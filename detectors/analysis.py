@@ -169,7 +169,7 @@ def assemble(raw: list[Finding], segments: list[SegmentInfo], main: dict[str, np
             findings.append(stall)
     findings = mark_open(findings, segments, main["step"], cfg)
     findings.sort(key=lambda f: (f.onset_step, f.segment, f.kind))
-    rollback = advise(findings, checkpoints, main, present_paths, segments, cfg.advice)
+    rollback = advise(findings, checkpoints, main, present_paths, segments, cfg.advice, cfg.lr)
     return Report(findings=findings, segments=segments, rollback=rollback, health=health_of(findings))
 
 

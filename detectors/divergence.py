@@ -254,6 +254,17 @@ def lr_before(lr: np.ndarray, onset: int, history: int = 0) -> float | None:
     return float(np.median(before)) if len(before) else None
 
 
+def first_consequence(steps: np.ndarray, row: int) -> int:
+    """The first row whose observation an update under the LR first logged at ``row`` can have made: the record
+    logs at step s the LR of update s and the loss computed before it, so on a per-step stretch the next row;
+    where updates went unlogged since the row before (a coarse log), the raise may be older than ``row``'s own
+    step and ``row`` itself can show it. An LR jump is the cause; the onset is its first consequence
+    (DETECTION.md section 7a), so a checkpoint at the step before the jump stays a healthy one."""
+    if 0 < row < len(steps) - 1 and steps[row] - steps[row - 1] <= 1:
+        return row + 1
+    return row
+
+
 def lr_jump_inside(steps: np.ndarray, lr: np.ndarray, onset: int, until: int, lrc: LRConfig,
                    history: int = 0, level: float | None = None) -> int | None:
     """The row of an LR jump inside an excursion: the first row in (onset, until] at >= ``raise_factor`` x the LR before
@@ -295,9 +306,10 @@ def cause_start(steps: np.ndarray, obs: Observations, onset: int, history: int, 
     rise = lr_rise_start(steps, obs["lr"], onset, lrc, until) if "lr" in obs else None
     lr_step = int(steps[rise]) if rise is not None else None
     floor = int(steps[history]) if history < len(steps) else at
-    if "lr" in obs:  # norms growing inside the opening LR warm-up are the model answering the rising LR
-        act, grad = (None if s is None or in_warmup(steps, obs["lr"], s) else s for s in (act, grad))
-    first = min([at] + [s for s in (act, grad, lr_step) if s is not None and s >= floor])
+    if "lr" in obs:  # norms growing in the warm-up or after a warm restart are the model answering the schedule
+        act, grad = (None if s is None or answers_the_schedule(steps, obs["lr"], s, lrc) else s for s in (act, grad))
+    answer = int(steps[first_consequence(steps, rise)]) if rise is not None else None
+    first = min([at] + [s for s in (act, grad, answer) if s is not None and s >= floor])
     return int(np.searchsorted(steps, first)), {"act_norm_climb_step": act, "grad_norm_climb_step": grad,
                                                 "lr_rise_step": lr_step}
 
@@ -316,6 +328,19 @@ def in_warmup(steps: np.ndarray, lr: np.ndarray, step: int) -> bool:
     """True when ``step`` lies inside the LR warm-up that opens the run."""
     end = warmup_end(steps, lr)
     return end is not None and step < end
+
+
+def answers_the_schedule(steps: np.ndarray, lr: np.ndarray, step: int, lrc: LRConfig) -> bool:
+    """A norm's climb from ``step`` is the model answering an LR the schedule raised, not a broken trend: it began
+    inside the opening warm-up, or within ``lrc.lag_rows`` of one of the schedule's warm restarts
+    (``restart_before``), either side, since the start of a climb on a noisy norm is an estimate good to
+    several rows (seed 247925's run 77: a batch-2 run's activation norm, its fault-free twin's alike, 1.7x after a
+    restart at 318, the climb's start estimated at 311)."""
+    if in_warmup(steps, lr, step):
+        return True
+    at = int(np.searchsorted(steps, step))
+    ahead = min(at + lrc.lag_rows, len(steps) - 1)  # restart_before looks back lag_rows from where it is asked
+    return any(restart_before(steps, lr, o, o, lrc) is not None for o in (at, ahead))
 
 
 class DivergenceScanner:
@@ -416,7 +441,7 @@ class DivergenceScanner:
     def _classify(self, ep: dict, end: int, recovered: bool, obs: Observations) -> Finding:
         steps, loss, grad, act, lr = obs["step"], obs["loss"], obs["grad_norm"], obs["act_norm"], obs["lr"]
         jump = lr_jump_inside(steps, lr, ep["onset"], ep["confirm"], self.ctx.config.lr, self.ctx.history)
-        start = jump if jump is not None else ep["onset"]
+        start = first_consequence(steps, jump) if jump is not None else ep["onset"]
         onset, growth = cause_start(steps, obs, start, self.ctx.history, self.cfg, self.ctx.config.lr,
                                     until=ep["confirm"])
         best, best_b, sigma = ep["best"]
@@ -453,8 +478,8 @@ class DivergenceScanner:
         if len(steps) == 0:
             return None
         climb = growth_start(steps, act, int(steps[-1]) + 1, self.cfg.act_growth, self.cfg.growth_z)
-        if climb is None or in_warmup(steps, obs["lr"], climb):
-            return None  # a climb that began inside the LR warm-up is the model answering the rising LR
+        if climb is None or answers_the_schedule(steps, obs["lr"], climb, self.ctx.config.lr):
+            return None  # a climb that began in the warm-up or at a warm restart answers the schedule's LR
         i = int(np.searchsorted(steps, climb))
         before = slice(max(0, i - self.block), i + 1)
         end = slice(max(i + 1, len(steps) - self.block), len(steps))
@@ -463,7 +488,7 @@ class DivergenceScanner:
                 or grad_ratio < self.cfg.precursor_grad:
             return None
         rise = lr_rise_start(steps, obs["lr"], i, self.ctx.config.lr)  # an LR rising into the climb is where it began
-        onset = int(steps[rise]) if rise is not None else climb
+        onset = int(steps[first_consequence(steps, rise)]) if rise is not None else climb
         return Finding(kind="divergence", onset_step=onset, end_step=int(steps[-1]), peak_step=int(steps[-1]),
                        segment=self.ctx.segment, severity="critical", self_recovered=False, needs_action=True,
                        evidence={"act_norm_ratio": act_ratio, "grad_norm_ratio": grad_ratio,
@@ -545,7 +570,8 @@ def lr_level_shift(obs: Observations, history: int, cfg: DivergenceConfig, lrc: 
     before_lr, now_lr = (float(lr[rise - 1]) if rise > 0 and lr[rise - 1] > 0 else None), float(lr[-1])
     ratio = now_lr / before_lr if before_lr else None
     after_level = level + rise_now
-    return Finding(kind="divergence", onset_step=int(steps[rise]), end_step=int(steps[-1]), peak_step=int(steps[peak]),
+    return Finding(kind="divergence", onset_step=int(steps[first_consequence(steps, rise)]), end_step=int(steps[-1]),
+                   peak_step=int(steps[peak]),
                    segment=segment, severity="critical", self_recovered=False, needs_action=True,
                    evidence={"lr_rise_step": int(steps[rise]), "lr_before": before_lr, "lr_at_onset": now_lr,
                              "lr_ratio": ratio, "lr_raised": True, "loss_before": level,

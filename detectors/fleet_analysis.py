@@ -185,7 +185,7 @@ def finish(found: list[Finding], segments: list[SegmentInfo], main: dict[str, np
     found = [dataclasses.replace(f, host=rank_hosts(meta, f.segment).get(f.rank))
              if f.rank is not None and f.host is None else f for f in found]
     found.sort(key=lambda f: (f.onset_step, f.segment, f.kind, -1 if f.rank is None else f.rank))
-    rollback = advise(found, checkpoints, main, present_paths, segments, cfg.advice)
+    rollback = advise(found, checkpoints, main, present_paths, segments, cfg.advice, cfg.lr)
     return Report(findings=found, segments=segments, rollback=rollback, health=health_of(found))
 
 

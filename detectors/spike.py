@@ -44,6 +44,7 @@ from runwatch.detectors.core import (
 from runwatch.detectors.divergence import (
     LR_BEFORE_ROWS,
     cause_start,
+    first_consequence,
     in_warmup,
     lr_before,
     lr_jump_inside,
@@ -475,10 +476,11 @@ def classify(sc: SpikeScanner, ep: Episode, obs: Observations) -> Finding | None
     onset, end = ep.onset, (ep.end if not ep.is_open else n - 1)
     zl, zg = sc.residuals(ep, loss, onset, end + 1)
     z = np.nan_to_num(zl, nan=-np.inf)
-    jump = lr_jump_inside(steps, obs["lr"], onset, onset + int(np.argmax(z)) if len(z) else onset, sc.ctx.config.lr,
-                          sc.ctx.history)
+    top = onset + int(np.argmax(z)) if len(z) else onset
+    jump = lr_jump_inside(steps, obs["lr"], onset, top, sc.ctx.config.lr, sc.ctx.history)
     if jump is not None and np.median(z[:jump - onset]) < cfg.z_band:
-        # The loss was in band until the LR jumped: the excursion began with the jump, before it was noise.
+        # The loss was in band until the LR jumped: the excursion began with the jump's first consequence.
+        jump = min(first_consequence(steps, jump), top)
         zl, zg, onset = zl[jump - onset:], zg[jump - onset:], jump
     zl_c, zg_c = np.nan_to_num(zl, nan=-np.inf), np.nan_to_num(zg, nan=-np.inf)
     base = f["level"]

@@ -208,7 +208,8 @@ def test_7a_after_a_slow_lr_ramp_the_rollback_precedes_the_ramp() -> None:
     report = analyze(rows_table(steps, loss=loss, grad_norm=grad_curve(n), lr=lr),
                      _ckpts([1000, 1300, 1450, 1520, 1560]))
     [div] = report.findings
-    assert (div.kind, div.onset_step, div.evidence["lr_rise_step"]) == ("divergence", 1501, 1501)
+    # The first raised update is 1501's; the first observation it made is 1502's (the onset: DETECTION.md 7a).
+    assert (div.kind, div.onset_step, div.evidence["lr_rise_step"]) == ("divergence", 1502, 1501)
     assert report.rollback.checkpoint_step == 1450, report.rollback.reason
 
 
@@ -225,7 +226,7 @@ def test_7c_a_ramp_longer_than_the_lr_lookback_is_found_from_its_start() -> None
     report = analyze(rows_table(steps, loss=loss, grad_norm=grad_curve(n), lr=lr),
                      _ckpts([1000, 1300, 1450, 1550, 1650]))
     div = next(f for f in report.findings if f.kind == "divergence")
-    assert (div.onset_step, div.evidence["lr_rise_step"]) == (1501, 1501)
+    assert (div.onset_step, div.evidence["lr_rise_step"]) == (1502, 1501)  # the rise's first consequence
     assert report.rollback.checkpoint_step == 1450, report.rollback.reason
 
 
@@ -452,7 +453,7 @@ def test_14a_an_lr_jump_inside_an_excursion_opened_on_noise_is_its_onset(seed: i
     report = analyze(rows_table(steps, loss=loss, grad_norm=grad, lr=lr), _ckpts([1000, 1400, 1497]))
     div = [f for f in report.findings if f.kind == "divergence"]
     assert [(f.onset_step, f.evidence["lr_rise_step"] if "lr_rise_step" in f.evidence else None) for f in div] \
-        in ([(1500, 1500)], [(1500, None)]), report.findings
+        in ([(1501, 1500)], [(1501, None)]), report.findings
     assert report.rollback.checkpoint_step == 1497, report.rollback.reason
 
 
@@ -484,7 +485,7 @@ def _lift_after_raise(seed: int, lift: float, *, back_at: int | None = None, res
     loss = _trend(n) + rng.normal(0, 0.1, n) + np.repeat(rng.normal(0, 0.05, n // 8), 8)  # noise and wander
     lr = 3e-4 * (0.1 + 0.9 * (1 - steps / n))  # a linear decay to 10%
     lr[1000:] = 3e-4 if restart else 5 * lr[999]  # a warm restart back to the peak, or a raise x5 past it
-    loss[1000:back_at] += lift
+    loss[1001:back_at] += lift  # from 1001: the loss logged at 1000 was computed before update 1000
     return analyze(rows_table(steps, loss=loss, grad_norm=grad_curve(n, seed=seed + 10), lr=lr),
                    _ckpts([800, 990]))
 
@@ -492,13 +493,14 @@ def _lift_after_raise(seed: int, lift: float, *, back_at: int | None = None, res
 @pytest.mark.parametrize("seed", range(4))
 def test_15_a_small_lasting_lift_after_an_lr_raise_is_a_divergence(seed: int) -> None:
     """The LR is raised x5 at step 1000 (past any level it trained at) and stays; the loss sits 0.4 higher (13% of it, 4 per-step sigmas on a
-    level that wanders, under the spike detector's bars while its baseline catches up). A divergence from 1000, advising checkpoint 990.
+    level that wanders, under the spike detector's bars while its baseline catches up). A divergence from 1001 (the raise's first
+    consequence), advising checkpoint 990.
     Fails on the commit before this test for three of the four seeds (no finding: the CUSUM's baseline absorbed
     the lift before it reached its bar). The advice names the raise ("restore it"): fails before 01e1e6b (the
     change point's finding carried no LR story, so the advice only said to halve the LR)."""
     report = _lift_after_raise(seed, 0.4)
     div = [f for f in report.findings if f.kind == "divergence"]
-    assert [(f.onset_step, f.needs_action) for f in div] == [(1000, True)], report.findings
+    assert [(f.onset_step, f.needs_action) for f in div] == [(1001, True)], report.findings  # the raise's answer
     assert report.rollback.checkpoint_step == 990
     # The cause is in the advice: the raise, read from the data (x5 of the LR at step 999).
     assert div[0].evidence["lr_raised"] and div[0].evidence["lr_ratio"] == pytest.approx(5.0, rel=0.05)
@@ -737,7 +739,7 @@ def test_22_a_jump_to_under_an_earlier_bursts_lr_is_a_divergence_not_the_schedul
     loss[1203:] += 0.8
     report = analyze(rows_table(steps, loss=loss, grad_norm=grad_curve(n, seed=seed + 10), lr=lr),
                      _ckpts(list(range(100, n, 100))))
-    assert [(f.kind, f.onset_step) for f in _alarms(report)] == [("spike", 500), ("divergence", 1200)], report.findings
+    assert [(f.kind, f.onset_step) for f in _alarms(report)] == [("spike", 500), ("divergence", 1201)], report.findings
     assert report.rollback.checkpoint_step == 1100 and not report.findings[-1].evidence.get("lr_scheduled")
 
 
@@ -764,7 +766,7 @@ def test_23_a_wandering_grad_norm_does_not_pull_an_lr_divergence_early() -> None
         loss[1503:] += 0.6
         report = analyze(rows_table(steps, loss=loss, grad_norm=grad, lr=lr), events)
         got.append(([f.onset_step for f in report.findings if f.kind == "divergence"], report.rollback.checkpoint_step))
-    assert got == [([1500], 1400)] * 40, [(seed, g) for seed, g in enumerate(got) if g != ([1500], 1400)]
+    assert got == [([1501], 1400)] * 40, [(seed, g) for seed, g in enumerate(got) if g != ([1501], 1400)]
 
 
 # 24. An LR raise some rows before the loss answers it is the cause, and a schedule's decay of it keeps it raised.
@@ -772,7 +774,7 @@ def test_23_a_wandering_grad_norm_does_not_pull_an_lr_divergence_early() -> None
 @pytest.mark.parametrize("lag", [0, 12, 25])
 def test_24_an_lr_jump_the_loss_answers_rows_later_is_a_divergence_from_the_jump(lag: int) -> None:
     """Step schedule (x0.1 at 200 and at 430), and from 235 the LR x22 for good; the loss jumps ``lag`` rows
-    later and stays up. A divergence from 235 whose advice restores the LR. Fails on ef2a51e (a critical spike
+    after 236 (the first row update 235 can show) and stays up. A divergence from 236 whose advice restores the LR. Fails on ef2a51e (a critical spike
     from the loss's jump: the LR story read the LR of the rows just before that jump, already raised, and
     called the x22 "not still raised" once the schedule's x0.1 brought it to 2.2x the LR before; fresh seed
     946133's run 111, looked at after that seed was scored)."""
@@ -784,10 +786,10 @@ def test_24_an_lr_jump_the_loss_answers_rows_later_is_a_divergence_from_the_jump
     lr[430:] *= 0.1
     for seed in range(3):
         loss = loss_curve(n, seed=seed, noise=0.05)
-        loss[235 + lag:] += 3.0 * np.exp(-np.arange(n - 235 - lag) / 30) + 1.0
+        loss[236 + lag:] += 3.0 * np.exp(-np.arange(n - 236 - lag) / 30) + 1.0
         report = analyze(rows_table(steps, loss=loss, grad_norm=grad_curve(n, seed=seed + 10), lr=lr),
                          _ckpts(list(range(73, n, 73))))
-        assert [(f.kind, f.onset_step) for f in _alarms(report)] == [("divergence", 235)], report.findings
+        assert [(f.kind, f.onset_step) for f in _alarms(report)] == [("divergence", 236)], report.findings
         assert report.rollback.checkpoint_step == 219
         assert any("restore it" in a for a in report.rollback.actions), report.rollback.actions
 
@@ -830,11 +832,60 @@ def test_26_a_warm_restart_before_the_burst_is_not_the_divergences_onset() -> No
     restart at 396 takes the LR x20 back to the warm-up's peak, an injected burst x245 at 405-408 blows the loss
     up from 406 for good. The loss's hinge onset lands at 384 (batch 6), and the first LR row past 1.5x the LR
     before it is the restart's: the onset went to 396 and the advice to checkpoint 320. The restart is the
-    schedule; the jump from its level is the cause: onset 405, advice checkpoint 400 (the last before 404,
-    the last logged step before the onset). Fails on 7a8f328 (onset 396, checkpoint 320)."""
+    schedule; the jump from its level is the cause, and the onset its first consequence: 406, advice checkpoint
+    400 (the last before 405, the last logged step before the onset). Fails on 7a8f328 (onset 396, checkpoint
+    320)."""
     steps, cols = _fresh_run("f247925-027")
     events = json.loads((FIXTURES / "fresh" / "f247925-027-checkpoints.json").read_text())
     report = analyze(rows_table(steps, **cols), events_table(events))
     [div] = [f for f in report.findings if f.kind == "divergence"]
-    assert (div.onset_step, div.self_recovered) == (405, False), div
+    assert (div.onset_step, div.self_recovered) == (406, False), div
     assert report.rollback is not None and report.rollback.checkpoint_step == 400, report.rollback
+
+
+# 27. An LR jump is the cause; its first consequence is the onset: the checkpoint just before the jump is healthy.
+
+@pytest.mark.parametrize("seed", range(3))
+def test_27_the_checkpoint_at_the_step_before_an_lr_jump_is_the_advice(seed: int) -> None:
+    """The LR x8 from update 1000 for good, the loss up from 1001 (the first loss update 1000 can make), a
+    checkpoint at 999 (the state after update 999: every update in it under the old LR). The onset is 1001 and
+    the advice checkpoint 999. Fails on 7a8f328: the onset was the LR row (1000), so only checkpoints before 999
+    counted (advice 900; fresh seed 247925's run 77: an LR jump at 397 and checkpoint 396, advised 360)."""
+    n = 1400
+    steps = np.arange(n)
+    lr = _warmup_lr(steps, 200)
+    lr[1000:] *= 8
+    loss = loss_curve(n, seed=seed, noise=0.05)
+    loss[1001:] += 1.0 + 0.002 * np.arange(n - 1001)
+    report = analyze(rows_table(steps, loss=loss, grad_norm=grad_curve(n, seed=seed + 10), lr=lr),
+                     _ckpts([800, 900, 999]))
+    div = [f for f in _alarms(report) if f.kind == "divergence"]
+    assert [f.onset_step for f in div] == [1001], report.findings
+    assert report.rollback.checkpoint_step == 999, report.rollback.reason
+
+
+# 28. An activation-norm climb that answers the schedule's warm restart is no precursor.
+
+def test_28_a_norm_climb_after_a_warm_restart_does_not_walk_the_rollback_back() -> None:
+    """Cosine with warm restarts every 300 steps (back to the peak LR); from the restart at 1000 the activation
+    norm grows 1.8x over the next 100 steps, as a small model's does when the LR comes back up (fresh seed
+    247925's run 77, its twin alike). Then the LR x40 at 1100 (past any level it trained at) and the loss up
+    from 1101. The advice is the checkpoint before the jump (1090), not one before the climb (950). Fails on
+    7a8f328 (advice 950: the climb read as OPT's precursor). Guard: the same climb under a smoothly decaying LR
+    (no restart) still walks the advice back before it."""
+    n, peak = 1400, 3e-3
+    steps = np.arange(n)
+    for restart, want in ((True, 1090), (False, 950)):
+        lr = np.where(steps < 100, peak * (steps + 1) / 100,
+                      peak * 0.5 * (1 + np.cos(np.pi * ((steps - 100) % 300) / 300)))
+        lr = np.maximum(lr, 0.05 * peak)
+        if not restart:
+            lr[1000:] = lr[999] * np.linspace(1, 0.9, n - 1000)
+        lr[1100:] *= 40
+        act = 10.0 * np.interp(steps, [0, 1000, 1100, n], [1.0, 1.0, 1.8, 2.5])
+        act *= np.exp(np.random.default_rng(5).normal(0, 0.02, n))
+        loss = loss_curve(n, seed=2, noise=0.05)
+        loss[1101:] += 1.5 + 0.003 * np.arange(n - 1101)
+        report = analyze(rows_table(steps, loss=loss, grad_norm=grad_curve(n, seed=12), act_norm=act, lr=lr),
+                         _ckpts([950, 1050, 1090]))
+        assert report.rollback is not None and report.rollback.checkpoint_step == want, (restart, report.rollback.reason)
