@@ -19,6 +19,7 @@ from runwatch.detectors.finding import Finding
 from runwatch.detectors.nan import nonfinite_masks
 from runwatch.detectors.registry import REGISTRY, scanner_class
 from runwatch.detectors.scanner import ScanContext
+from runwatch.detectors.slowdown import stall_spells
 from runwatch.detectors.stall import drop_slowdown_stalls
 
 SERIES: dict[str, tuple[str, ...]] = {
@@ -37,7 +38,7 @@ class SegmentDetectors:
     def __init__(self, segment: int, config: DetectorConfig, *, meta: dict | None = None,
                  checkpoint_seconds: dict[int, float] | None = None, history: dict[str, np.ndarray] | None = None,
                  resume_step: int | None = None) -> None:
-        self.segment, self.pos = segment, 0
+        self.segment, self.pos, self.config = segment, 0, config
         self.set_pause_seconds(checkpoint_seconds or {})
         self.buf = {name: {col: Grow(np.int64 if col in _INT else (np.bool_ if col in _BOOL else np.float64))
                            for col in cols} for name, cols in SERIES.items()}
@@ -147,6 +148,8 @@ class SegmentDetectors:
     def findings(self) -> list[Finding]:
         found = {kind: scanner.findings(self.views(series)) for kind, (series, scanner) in self.scanners.items()}
         found["stall"] = drop_slowdown_stalls(found["stall"], found["slowdown"])
+        found["stall"], spells = stall_spells(found["stall"], self.config.slowdown)
+        found["slowdown"] += spells
         if found["bad_resume"]:
             # The resume itself is the incident: an excursion starting with the segment is that one.
             start = found["bad_resume"][0].onset_step

@@ -889,3 +889,23 @@ def test_28_a_norm_climb_after_a_warm_restart_does_not_walk_the_rollback_back() 
         report = analyze(rows_table(steps, loss=loss, grad_norm=grad_curve(n, seed=12), act_norm=act, lr=lr),
                          _ckpts([950, 1050, 1090]))
         assert report.rollback is not None and report.rollback.checkpoint_step == want, (restart, report.rollback.reason)
+
+
+# 29. Stalls in consecutive logged intervals are one slow spell, not a string of pauses.
+
+def test_29_a_slow_spell_on_a_short_coarse_log_is_one_slowdown_not_a_string_of_stalls() -> None:
+    """Real CPU training (fresh seed 880457's run 111, ``tests/fixtures/fresh``): a noisy host logged every 10
+    steps (93 rows), 2.8x slower over steps 410-580. The slowdown rule alone calls it the host's wander (few
+    rows: its correlation time is uncertain, so the spread it allows is one observation's), while every slow
+    interval passes the stall rule: one slowdown from 410, a warning, and no stall. Fails on 93d46ff (15 stalls,
+    14 of them warnings, and no slowdown). Guard: one long pause between two rows stays one stall."""
+    steps, cols = _fresh_run("f880457-111")
+    report = analyze(rows_table(steps, **cols))
+    slow = [f for f in report.findings if f.kind == "slowdown"]
+    assert [(f.severity, f.onset_step, f.evidence["rule"]) for f in slow] == [("warning", 410, "stall_spell")], slow
+    assert 1.5 <= slow[0].evidence["rise"] <= 2.2 and not [f for f in report.findings if f.kind == "stall"]
+    before = steps <= 400  # the run before the spell, with a 10-minute pause between rows 290 and 300
+    paused = {k: v[before] for k, v in cols.items()}
+    paused["time"] = np.where(steps[before] >= 300, paused["time"] + 600.0, paused["time"])
+    found = analyze(rows_table(steps[before], **paused)).findings
+    assert [(f.kind, f.onset_step) for f in found if f.kind in ("stall", "slowdown")] == [("stall", 290)], found
