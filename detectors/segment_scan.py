@@ -148,7 +148,9 @@ class SegmentDetectors:
     def findings(self) -> list[Finding]:
         found = {kind: scanner.findings(self.views(series)) for kind, (series, scanner) in self.scanners.items()}
         found["stall"] = drop_slowdown_stalls(found["stall"], found["slowdown"])
-        found["stall"], spells = stall_spells(found["stall"], self.config.slowdown)
+        timed = self.buf["time"]["step"]
+        found["stall"], spells = stall_spells(found["stall"], self.config.slowdown,
+                                              int(timed.view[-1]) if timed.size else -1)
         found["slowdown"] += spells
         if found["bad_resume"]:
             # The resume itself is the incident: an excursion starting with the segment is that one.

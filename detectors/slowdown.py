@@ -196,14 +196,15 @@ class SlowdownScanner:
         return out
 
 
-def stall_spells(stalls: list[Finding], cfg: SlowdownConfig) -> tuple[list[Finding], list[Finding]]:
+def stall_spells(stalls: list[Finding], cfg: SlowdownConfig, last_step: int) -> tuple[list[Finding], list[Finding]]:
     """(the stalls left, the slowdowns they make): a stretch of stalls in consecutive logged intervals is no
     pause but a slow spell, by the slowdown's own rules: ``min_obs`` slow intervals in it, none separated by
     ``RECOVERY_OBS`` normal ones, spanning ``min_steps`` steps. On a coarse log a slowdown of factor f adds
     (f - 1) k steps' time to every interval of k steps, which the stall rule reads interval by interval; the
     slowdown rule itself may still call the same spell the host's wander when the log is short and its
     correlation time uncertain (fresh seed 880457's runs 089 and 111: 2.4-2.8x slower for 115-160 steps,
-    logged every 5 and 10, read as 6 and 15 stalls and no slowdown)."""
+    logged every 5 and 10, read as 6 and 15 stalls and no slowdown). ``last_step``: the segment's last timed row
+    (a spell that reaches it is still slow)."""
     out, spells, group = [], [], []
     for st in sorted(stalls, key=lambda f: f.onset_step) + [None]:
         if st is not None and group and st.segment == group[-1].segment and st.onset_step - group[-1].end_step \
@@ -211,27 +212,29 @@ def stall_spells(stalls: list[Finding], cfg: SlowdownConfig) -> tuple[list[Findi
             group.append(st)
             continue
         if len(group) >= cfg.min_obs and group[-1].end_step - group[0].onset_step + 1 >= cfg.min_steps:
-            spells.append(_stall_spell(group, cfg))
+            spells.append(_stall_spell(group, cfg, last_step))
         else:
             out += group
         group = [] if st is None else [st]
     return out, spells
 
 
-def _stall_spell(group: list[Finding], cfg: SlowdownConfig) -> Finding:
+def _stall_spell(group: list[Finding], cfg: SlowdownConfig, last_step: int) -> Finding:
     base = float(np.median([f.evidence["per_step_s"] for f in group]))
     per = [(f.evidence["gap_s"] - f.evidence.get("allowance_s", 0.0)) / max(f.evidence["num_steps"], 1) for f in group]
     level = float(np.median(per))
     rise = level / base - 1 if base > 0 else math.inf
     onset, end = group[0].onset_step, group[-1].end_step
+    recovered = True if end < last_step else None
     return Finding(
         kind="slowdown", onset_step=onset, end_step=end, peak_step=group[int(np.argmax(per))].end_step,
-        segment=group[0].segment, severity="warning" if rise >= cfg.warn_rise else "info", self_recovered=True,
+        segment=group[0].segment, severity="warning" if rise >= cfg.warn_rise else "info", self_recovered=recovered,
         needs_action=False,
         evidence={"baseline_step_s": base, "median_step_s": level, "rise": rise, "rule": "stall_spell",
                   "slow_intervals": len(group), "detected_step": group[cfg.min_obs - 1].end_step},
         message=f"steps {rise:.0%} slower from step {onset} ({base:.3g}s -> {level:.3g}s per step over "
-                f"{len(group)} slow logged intervals, each one past the stall rule); back to normal")
+                f"{len(group)} slow logged intervals, each one past the stall rule); "
+                + ("back to normal" if recovered else "still slow at the last step"))
 
 
 def _spells(items: list[tuple[Episode, bool | None]]) -> list[tuple[Episode, int, bool | None]]:

@@ -904,6 +904,10 @@ def test_29_a_slow_spell_on_a_short_coarse_log_is_one_slowdown_not_a_string_of_s
     slow = [f for f in report.findings if f.kind == "slowdown"]
     assert [(f.severity, f.onset_step, f.evidence["rule"]) for f in slow] == [("warning", 410, "stall_spell")], slow
     assert 1.5 <= slow[0].evidence["rise"] <= 2.2 and not [f for f in report.findings if f.kind == "stall"]
+    mid = steps <= 540  # read while the spell goes on: still slow, not "back to normal"
+    [live] = [f for f in analyze(rows_table(steps[mid], **{k: v[mid] for k, v in cols.items()})).findings
+              if f.kind == "slowdown"]
+    assert live.self_recovered is None and live.message.endswith("still slow at the last step"), live
     before = steps <= 400  # the run before the spell, with a 10-minute pause between rows 290 and 300
     paused = {k: v[before] for k, v in cols.items()}
     paused["time"] = np.where(steps[before] >= 300, paused["time"] + 600.0, paused["time"])
