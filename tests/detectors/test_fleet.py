@@ -179,13 +179,18 @@ def _live(rows: pa.Table, num_ranks: int, heartbeats: dict, now: float, cfg: Det
 LIVE = DetectorConfig(stall=StallConfig(live_min_seconds=5.0))
 
 
-def test_live_hang_names_the_rank_behind_and_the_ranks_waiting_for_it() -> None:
+def _rank_1_behind(beat_after: float, others_after: float) -> tuple[pa.Table, float, dict]:
+    """Three ranks at step 399: rank 1 recorded it, ranks 0 and 2 went on into the next forward pass and finished
+    it ``others_after`` seconds later (then wait in the collective); every heartbeat written ``beat_after`` s on."""
     rows = fleet_rows(3, n=400)
     last = float(rows["time"].to_numpy().max())
-    beat = {"time": last + 29.0, "every_s": 10.0, "step": 399}
-    heartbeats = {(0, 0): {**beat, "phase": "backward", "phase_time": last + 0.04},
-                  (0, 1): {**beat, "phase": "step", "phase_time": last},
-                  (0, 2): {**beat, "phase": "backward", "phase_time": last + 0.04}}
+    beat = {"time": last + beat_after, "every_s": 10.0, "step": 399}
+    ahead = {**beat, "phase": "backward", "phase_time": last + others_after}
+    return rows, last, {(0, 0): ahead, (0, 1): {**beat, "phase": "step", "phase_time": last}, (0, 2): ahead}
+
+
+def test_live_hang_names_the_rank_behind_and_the_ranks_waiting_for_it() -> None:
+    rows, last, heartbeats = _rank_1_behind(29.0, 0.04)
     found = _live(rows, 3, heartbeats, last + 30.0, LIVE)
     assert [(f.rank, f.host, f.evidence["waiting_ranks"]) for f in found] == [(1, "node-b1", [0, 2])]
     assert found[0].needs_action and found[0].severity == "critical" and "wait for it" in found[0].message
@@ -197,12 +202,7 @@ def test_ranks_stopped_just_after_the_holder_wait_for_it_before_they_pass_the_li
     there is a window where only the holder is past the live floor. The others are not progressing in it: they
     stopped by their own rhythm (10 steps' wait), and they wait for the holder (a CI run caught that window
     and named rank 1 with nobody waiting)."""
-    rows = fleet_rows(3, n=400)
-    last = float(rows["time"].to_numpy().max())
-    beat = {"time": last + 6.0, "every_s": 10.0, "step": 399}
-    heartbeats = {(0, 0): {**beat, "phase": "backward", "phase_time": last + 1.5},
-                  (0, 1): {**beat, "phase": "step", "phase_time": last},
-                  (0, 2): {**beat, "phase": "backward", "phase_time": last + 1.5}}
+    rows, last, heartbeats = _rank_1_behind(6.0, 1.5)
     found = _live(rows, 3, heartbeats, last + 6.0, LIVE)  # rank 1 silent 6 s (> 5), ranks 0 and 2 4.5 s
     assert [(f.rank, f.evidence["waiting_ranks"]) for f in found] == [(1, [0, 2])]
     assert "rank(s) 0, 2 wait for it" in found[0].message
