@@ -8,6 +8,8 @@ sees it. That is what stops DNS rebinding (a page on evil.example whose name
 now resolves to 127.0.0.1 sends ``Host: evil.example``) and cross-site
 WebSocket hijacking (a page elsewhere opening ``ws://127.0.0.1:8501``).
 Streamlit's own XSRF token and CORS check stay on behind it.
+``preload.PreloadChunks`` names the chart code with every page, so a first visit fetches it while the
+server reads the run.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import streamlit as st
 from starlette.middleware import Middleware
 
 from runwatch.app.auth import ALLOWED_HOSTS_ENV, HostGuard
+from runwatch.app.preload import PreloadChunks
 
 
 def allowed_hosts_from_env() -> list[str]:
@@ -38,4 +41,4 @@ for _name in PAGE_MODULES:
     importlib.import_module(_name)
 
 app = st.App(Path(__file__).resolve().parent / "dashboard.py",
-             middleware=[Middleware(HostGuard, allowed_hosts=allowed_hosts_from_env())])
+             middleware=[Middleware(HostGuard, allowed_hosts=allowed_hosts_from_env()), Middleware(PreloadChunks)])

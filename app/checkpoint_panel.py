@@ -11,7 +11,7 @@ from __future__ import annotations
 import streamlit as st
 
 from runwatch.app import checkpoint_views as cv
-from runwatch.app import state
+from runwatch.app import lazy, state
 from runwatch.economics.advice import CheckpointAdvice
 
 MIN_INPUT = 1e-6
@@ -70,5 +70,7 @@ def checkpoint_panel(root_dir: str, run: str, report: object, sig: tuple[float, 
         rollback = getattr(report, "rollback", None)
         if rollback is not None and rollback.checkpoint_missing:
             st.warning("checkpoint_missing: the checkpoint the rollback advice wants is no longer retained.")
-        with st.expander("what if: checkpoint interval vs hours and cost lost per day", expanded=True):
-            _whatif(run, advice)
+        body = lazy.opened("what if: checkpoint interval vs hours and cost lost per day", key=f"whatif_open:{run}")
+        if body is not None:
+            with body:
+                _whatif(run, advice)

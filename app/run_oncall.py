@@ -14,7 +14,7 @@ import time
 
 import streamlit as st
 
-from runwatch.app import escape, views
+from runwatch.app import escape, lazy, views
 from runwatch.app.oncall import OnCall, ack_text, silence_text, write_ack, write_silence
 
 SILENCE_CHOICES = {"1 hour": 3600, "4 hours": 4 * 3600, "12 hours": 12 * 3600, "1 day": 86400, "3 days": 3 * 86400}
@@ -120,7 +120,10 @@ def silence_section(root_dir: str, run: str, oncall: OnCall, *, step: int, segme
     """Silence the run's alerts for a while, or end a silence early (``ask_name``: the page has not asked yet)."""
     now = time.time()
     current = oncall.silenced(now)
-    with st.expander("silence alerts" if current is None else "alerts are silenced"):
+    body = lazy.opened("silence alerts" if current is None else "alerts are silenced", key="silence_open")
+    if body is None:
+        return
+    with body:
         if ask_name:
             name_input()
         choice = st.selectbox("for", list(SILENCE_CHOICES), index=1, key="silence_for")

@@ -33,16 +33,27 @@ def _values(column: pa.ChunkedArray | pa.Array, dtype: type) -> tuple[np.ndarray
     return np.asarray(filled.to_numpy(zero_copy_only=False), dtype=dtype), np.asarray(valid, dtype=bool)
 
 
-def _first_index(mask: np.ndarray, starts: np.ndarray) -> np.ndarray:
-    """Per group (rows from each start to the next), the index of its first row where ``mask`` holds, or -1."""
-    idx = np.where(mask, np.arange(mask.size), mask.size)
-    first = np.minimum.reduceat(idx, starts)
-    return np.where(first < mask.size, first, -1)
+class _Buckets:
+    """The bucket structure of rows sorted by (key, x): where each bucket starts and ends, and each row's bucket.
 
+    Built once per set of kept rows and shared by every column kept on the same rows (a run's columns are
+    nearly always all present), so each column pays only for its own values.
+    """
 
-def _last_index(mask: np.ndarray, starts: np.ndarray) -> np.ndarray:
-    idx = np.where(mask, np.arange(mask.size), -1)
-    return np.maximum.reduceat(idx, starts)
+    def __init__(self, key: np.ndarray, x: np.ndarray) -> None:
+        self.key, self.x, self.size = key, x, key.size
+        self.starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+        self.ends = np.r_[self.starts[1:], key.size] - 1
+        self.group = np.repeat(np.arange(self.starts.size), np.diff(np.r_[self.starts, key.size]))
+        self._index = np.arange(key.size)
+
+    def first_where(self, mask: np.ndarray) -> np.ndarray:
+        """Per bucket, the index of its first row where ``mask`` holds, or -1."""
+        first = np.minimum.reduceat(np.where(mask, self._index, self.size), self.starts)
+        return np.where(first < self.size, first, -1)
+
+    def last_where(self, mask: np.ndarray) -> np.ndarray:
+        return np.maximum.reduceat(np.where(mask, self._index, -1), self.starts)
 
 
 def _take(values: np.ndarray, index: np.ndarray) -> np.ndarray:
@@ -52,18 +63,18 @@ def _take(values: np.ndarray, index: np.ndarray) -> np.ndarray:
     return out
 
 
-def _envelope(key: np.ndarray, x: np.ndarray, v: np.ndarray, x_type: pa.DataType) -> dict[str, pa.Array]:
-    """One column's buckets from rows sorted by (key, x); ``key`` numbers (segment, branch, bucket)."""
-    starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
-    ends = np.r_[starts[1:], key.size] - 1
+def _envelope(b: _Buckets, v: np.ndarray, x_type: pa.DataType) -> dict[str, pa.Array]:
+    """One column's buckets from its values ``v`` on the rows of ``b``."""
     finite = np.isfinite(v)
-    first, last = _first_index(finite, starts), _last_index(finite, starts)
-    v_finite = np.where(finite, v, np.nan)
+    everywhere = bool(finite.all())
+    # All finite (the common case): each bucket's first and last finite rows are its first and last rows.
+    first, last = (b.starts, b.ends) if everywhere else (b.first_where(finite), b.last_where(finite))
+    v_finite = v if everywhere else np.where(finite, v, np.nan)
     with np.errstate(invalid="ignore"):
-        lo, hi = np.fmin.reduceat(v_finite, starts), np.fmax.reduceat(v_finite, starts)
-    group = np.repeat(np.arange(starts.size), np.diff(np.r_[starts, key.size]))
-    at_min = _first_index(finite & (v_finite == lo[group]), starts)
-    at_max = _first_index(finite & (v_finite == hi[group]), starts)
+        lo, hi = np.fmin.reduceat(v_finite, b.starts), np.fmax.reduceat(v_finite, b.starts)
+    at_min = b.first_where((v_finite == lo[b.group]) if everywhere else finite & (v_finite == lo[b.group]))
+    at_max = b.first_where((v_finite == hi[b.group]) if everywhere else finite & (v_finite == hi[b.group]))
+    x = b.x
 
     def x_at(index: np.ndarray) -> pa.Array:
         return pa.array(x[np.maximum(index, 0)], type=x_type, mask=index < 0)
@@ -72,12 +83,13 @@ def _envelope(key: np.ndarray, x: np.ndarray, v: np.ndarray, x_type: pa.DataType
         return pa.array(values, type=pa.float64(), mask=index < 0)
 
     return {
-        "x_first": pa.array(x[starts], type=x_type), "x_last": pa.array(x[ends], type=x_type),
+        "x_first": pa.array(x[b.starts], type=x_type), "x_last": pa.array(x[b.ends], type=x_type),
         "first": nullable(_take(v, first), first), "last": nullable(_take(v, last), last),
         "min": nullable(lo, first), "max": nullable(hi, first),
         "x_min": x_at(at_min), "x_max": x_at(at_max),
-        "num_nonfinite": pa.array(np.add.reduceat((~finite).astype(np.int64), starts)),
-        "num_rows": pa.array(ends - starts + 1, type=pa.int64()),
+        "num_nonfinite": pa.array(np.zeros(b.starts.size, dtype=np.int64) if everywhere
+                                  else np.add.reduceat((~finite).astype(np.int64), b.starts)),
+        "num_rows": pa.array(b.ends - b.starts + 1, type=pa.int64()),
     }
 
 
@@ -102,21 +114,26 @@ def envelopes(rows: pa.Table, x: str, columns: list[str], *, lo: float, hi: floa
     bucket = np.where(in_range, bucket, 0).astype(np.int64)
     key = (segment * 2 + main) * num_buckets + bucket
     order = np.lexsort((xf, key))
-    key, xs, in_range = key[order], xs[order], in_range[order]
+    order = order[in_range[order]]  # the rows in range, sorted by (segment, branch, bucket, x)
+    key, xs = key[order], xs[order]
+    shared: _Buckets | None = None
     out = {}
     for name in columns:
         values, valid = _values(rows[name], np.float64)
-        keep = in_range & valid[order]
-        out[name] = _table(key[keep], xs[keep], values[order][keep], x_type, num_buckets)
+        v, keep = values[order], valid[order]
+        if keep.all():  # present on every row in range: the shared buckets
+            shared = shared or _Buckets(key, xs)
+            out[name] = _table(shared, v, x_type, num_buckets)
+        else:
+            out[name] = _table(_Buckets(key[keep], xs[keep]) if keep.any() else None, v[keep], x_type, num_buckets)
     return out
 
 
-def _table(key: np.ndarray, x: np.ndarray, v: np.ndarray, x_type: pa.DataType, num_buckets: int) -> pa.Table:
-    if key.size == 0:
+def _table(b: _Buckets | None, v: np.ndarray, x_type: pa.DataType, num_buckets: int) -> pa.Table:
+    if b is None or b.size == 0:
         return pa.table({name: pa.array([], type=t) for name, t in _schema(x_type).items()})
-    cols = _envelope(key, x, v, x_type)
-    starts_key = key[np.flatnonzero(np.r_[True, key[1:] != key[:-1]])]
-    seg_main, bucket = np.divmod(starts_key, num_buckets)
+    cols = _envelope(b, v, x_type)
+    seg_main, bucket = np.divmod(b.key[b.starts], num_buckets)
     seg, main = np.divmod(seg_main, 2)
     head = {"segment": pa.array(seg, type=pa.int32()), "main": pa.array(main.astype(bool)),
             "bucket": pa.array(bucket, type=pa.int64())}

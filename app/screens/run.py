@@ -14,7 +14,7 @@ import time
 import pandas as pd
 import streamlit as st
 
-from runwatch.app import escape, lifecycle, rank_view, run_charts, run_oncall, state, views
+from runwatch.app import escape, lazy, lifecycle, rank_view, run_charts, run_oncall, state, views
 from runwatch.app.checkpoint_panel import checkpoint_panel
 from runwatch.app.oncall import read_oncall
 
@@ -90,11 +90,10 @@ def _rollback_card(slot: object, run: str, report: object, meta: dict) -> None:
 
 
 def _segments(segments: list[dict]) -> None:
-    # The table is made only once the expander is opened: a closed one would still load the browser's data grid
-    # (a large script chunk) on every visit, while the chart above is being drawn.
-    expander = st.expander(f"segments ({len(segments)})", key="segments_open", on_change="rerun")
-    if expander.open:
-        with expander:
+    # Made only once opened: a closed table would still load the browser's data grid (a large script chunk).
+    body = lazy.opened(f"segments ({len(segments)})", key="segments_open")
+    if body is not None:
+        with body:
             st.dataframe(pd.DataFrame(views.segment_rows(segments)), hide_index=True, key="segments_table")
 
 

@@ -96,6 +96,9 @@ def test_panel_shows_the_same_figures(monkeypatch: pytest.MonkeyPatch, demo_root
     for label, value in cv.metric_rows(advice):
         assert shown[label] == value
     assert cv.retention_line(advice) in [t.value for t in at.text]
+    assert not [n for n in at.number_input if n.label == "MTBF (hours)"]  # the what-if is made once opened
+    at.session_state["whatif_open:demo-rollback"] = True
+    at.run()
     mtbf = next(n for n in at.number_input if n.label == "MTBF (hours)")
     assert mtbf.value == pytest.approx(advice.mtbf_seconds / 3600)
     assert any("what if" in (e.label or "") for e in at.expander)
@@ -129,4 +132,6 @@ def test_panel_on_a_run_the_record_says_little_about(monkeypatch: pytest.MonkeyP
     shown = {m.label: m.value for m in at.metric}
     assert shown["MTBF"] == "unknown" and shown["Young"] == "unknown" and shown["checkpoint cost"] == "0 s"
     assert shown["interruptions"] == "0" and shown["current interval"] != "unknown"
+    at.session_state["whatif_open:quiet"] = True
+    at.run()
     assert any("needs an MTBF and a checkpoint cost" in i.value for i in at.info)

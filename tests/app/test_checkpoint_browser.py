@@ -46,6 +46,7 @@ def test_panel_matches_advise_json_and_draws_the_whatif(server: str, demo_root: 
         page.goto(f"{server}/run?run=demo-rollback")
         panel = page.locator(".st-key-checkpoint_panel")
         panel.wait_for(timeout=90_000)
+        panel.get_by_text("what if: checkpoint interval").click()  # made once opened
         chart = panel.locator('[data-testid="stEChartsChart"][aria-busy="false"]')
         chart.first.wait_for(timeout=60_000)
         _wait_idle(page)

@@ -114,6 +114,8 @@ def test_acknowledge_and_silence_from_the_run_page(monkeypatch: pytest.MonkeyPat
     marks = [m for s in json.loads(at.get("echarts_chart")[-1].proto.spec)["series"] if s["name"] == "ack"
              for m in s["data"]]
     assert marks and "acknowledged by erin" in marks[0]["name"] and "on it" in marks[0]["name"]
+    at.session_state["silence_open"] = True  # the silence form is made once its section is opened
+    at.run()
     at.selectbox(key="silence_for").set_value("1 hour").run()
     at.button(key="silence_button").click().run()
     no_errors(at)

@@ -72,3 +72,40 @@ def test_a_taken_port_fails_before_any_banner(tmp_path: Path) -> None:
 def test_bad_port_is_refused() -> None:
     with pytest.raises(ValueError, match="--port"):
         serve.streamlit_command("127.0.0.1", 70000)
+
+
+def test_pages_name_the_chart_chunks_for_preload(tmp_path: Path) -> None:
+    """The run page's chart code is named to the browser with the page (a Link header), so it loads while the
+    server reads the run; every name is one this server serves, and only HTML pages carry the header."""
+    import time
+    import urllib.request
+    from urllib.parse import urljoin
+
+    from runwatch.app.preload import PRELOADED_CHUNKS
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "runwatch.app.cli", "dashboard", "--root", str(tmp_path),
+                             "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 120
+        while True:
+            try:
+                urllib.request.urlopen(f"{base}/_stcore/health", timeout=2)
+                break
+            except OSError:
+                assert time.time() < deadline and proc.poll() is None, "the dashboard did not come up"
+                time.sleep(0.3)
+        page = urllib.request.urlopen(f"{base}/run?run=x", timeout=30)
+        assert page.headers.get_content_type() == "text/html"
+        links = [part.split(";")[0].strip().strip("<>") for part in (page.headers.get("link") or "").split(",")]
+        assert len(links) == len(PRELOADED_CHUNKS) and all("rel=modulepreload" in part for part in
+                                                           page.headers["link"].split(","))
+        for stem, link in zip(PRELOADED_CHUNKS, links):
+            assert f"/{stem}." in link
+            chunk = urllib.request.urlopen(urljoin(f"{base}/run", link), timeout=30)
+            assert chunk.status == 200 and "javascript" in chunk.headers.get_content_type()
+            assert chunk.headers.get("link") is None  # assets are not pages
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
