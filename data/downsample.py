@@ -72,8 +72,8 @@ def _envelope(b: _Buckets, v: np.ndarray, x_type: pa.DataType) -> dict[str, pa.A
     v_finite = v if everywhere else np.where(finite, v, np.nan)
     with np.errstate(invalid="ignore"):
         lo, hi = np.fmin.reduceat(v_finite, b.starts), np.fmax.reduceat(v_finite, b.starts)
-    at_min = b.first_where((v_finite == lo[b.group]) if everywhere else finite & (v_finite == lo[b.group]))
-    at_max = b.first_where((v_finite == hi[b.group]) if everywhere else finite & (v_finite == hi[b.group]))
+    at_min = b.first_where(v_finite == lo[b.group])  # NaN equals nothing: only finite rows match
+    at_max = b.first_where(v_finite == hi[b.group])
     x = b.x
 
     def x_at(index: np.ndarray) -> pa.Array:

@@ -77,25 +77,13 @@ def test_bad_port_is_refused() -> None:
 def test_pages_name_the_chart_chunks_for_preload(tmp_path: Path) -> None:
     """The run page's chart code is named to the browser with the page (a Link header), so it loads while the
     server reads the run; every name is one this server serves, and only HTML pages carry the header."""
-    import time
     import urllib.request
     from urllib.parse import urljoin
 
     from runwatch.app.preload import PRELOADED_CHUNKS
+    from tests.app.test_browser import dashboard_server
 
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "runwatch.app.cli", "dashboard", "--root", str(tmp_path),
-                             "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 120
-        while True:
-            try:
-                urllib.request.urlopen(f"{base}/_stcore/health", timeout=2)
-                break
-            except OSError:
-                assert time.time() < deadline and proc.poll() is None, "the dashboard did not come up"
-                time.sleep(0.3)
+    with dashboard_server(tmp_path) as base:
         page = urllib.request.urlopen(f"{base}/run?run=x", timeout=30)
         assert page.headers.get_content_type() == "text/html"
         links = [part.split(";")[0].strip().strip("<>") for part in (page.headers.get("link") or "").split(",")]
@@ -106,6 +94,3 @@ def test_pages_name_the_chart_chunks_for_preload(tmp_path: Path) -> None:
             chunk = urllib.request.urlopen(urljoin(f"{base}/run", link), timeout=30)
             assert chunk.status == 200 and "javascript" in chunk.headers.get_content_type()
             assert chunk.headers.get("link") is None  # assets are not pages
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
