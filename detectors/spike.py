@@ -509,10 +509,12 @@ def classify(sc: SpikeScanner, ep: Episode, obs: Observations) -> Finding | None
         persistent, recovered = False, True
     # A shift only the CUSUM bank saw (no observation past the run's own single-observation bar) with neither
     # the LR raised before it nor the gradient norm past its bar: training's own wander (a rebound after a fast
-    # fall) makes such shifts with nothing wrong. Annotated, unless it stays (not recovered) or costs.
+    # fall) makes such shifts with nothing wrong, and they last: back after tens to hundreds of observations, so
+    # one still out at the end of the data is no more a fault than one that came back. Annotated, open or not,
+    # unless it left a lasting cost; paged once something corroborates it (a far-out value, the LR, the norm).
     lr_moved = lr_story["lr_raised"] or lr_story["lr_step_up_step"] is not None
     quiet = cfg.corroborate_shifts and ep.rule != "shewhart" and num_far == 0 and not grad_far and not lr_moved
-    if not persistent or (recovered is not False and (lr_story["lr_scheduled"] or (quiet and not costly))):
+    if not persistent or (quiet and not costly) or (recovered is not False and lr_story["lr_scheduled"]):
         severity, needs = "info", False
     elif recovered is False or costly:
         severity, needs = "critical", True
@@ -599,7 +601,7 @@ def _message(ev: dict, onset_step: int, recovered: bool | None, loss_moved: bool
         text += "; not back to its trend"
     else:
         text += "; not back to trend yet"
-    if ev.get("uncorroborated") and recovered is not False and not costly:
+    if ev.get("uncorroborated") and not costly:
         text += " (a small shift alone: no observation far out, the LR and gradient norm steady; noted, not paged)"
     return text
 
