@@ -36,10 +36,75 @@ def row_median(values: np.ndarray, min_finite: int | None = None) -> np.ndarray:
     many rows give bit-identical answers (streaming must equal offline): the
     two middle order statistics are the same values however they are found.
     """
+    return _row_median(values, min_finite)[0]
+
+
+def row_median_and_mad(values: np.ndarray, min_finite: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``(row_median(values, m), row_median(abs(values - median), m))`` with one sort of the rows, not two: the
+    deviations' middle order statistics are read off the sorted row, where they form two sorted runs (below
+    the median and above it). The same values as the two calls (fl(c - x) is -fl(x - c)), so exact."""
+    if values.size < SORT_ONCE_FROM or values.shape[1] < WIDE_ROW:  # few rows (a streaming update) or narrow
+        # ones, which sort ~5x faster per value than wide rows do: a second sort beats the search's loop
+        med = row_median(values, min_finite)
+        return med, row_median(np.abs(values - med[:, None]), min_finite)
+    med, ordered, whole = _row_median(values, min_finite, keep_sorted=True)
+    if ordered is None:  # narrow rows (a min/max network) or too few values: the two calls
+        return med, row_median(np.abs(values - med[:, None]), min_finite)
+    mad = np.full(len(med), np.nan)
+    if whole.any():
+        mad[whole] = _middle_deviation(ordered[whole], med[whole])
+    if not whole.all():
+        rest = ~whole
+        mad[rest] = row_median(np.abs(values[rest] - med[rest][:, None]), min_finite)
+    return med, mad
+
+
+PARTITION_FROM = 4096
+"""Row width from which the two middle values are selected (np.partition, ~3x faster than a sort at 15,625)."""
+SORT_ONCE_FROM = 1 << 16
+"""Values from which ``row_median_and_mad`` reads the deviations off the sorted rows instead of sorting twice..."""
+WIDE_ROW = 512
+"""...in rows at least this wide (numpy sorts rows of up to 256 float64 with a sorting network, ~2.5 ns a value
+on this machine, wider ones at ~12 ns: bench/detector_speed.py)."""
+
+
+def _middle_deviation(ordered: np.ndarray, centre: np.ndarray) -> np.ndarray:
+    """Median of |x - centre| of each sorted, all-finite row: the two middle order statistics of the union of
+    the runs ``centre - x`` below the centre (read leftwards) and ``x - centre`` from it, each found by a
+    binary search on how many of the smallest come from the left run (the k-th of two sorted arrays)."""
+    rows, width = ordered.shape
+    r = np.arange(rows)
+    split = (ordered < centre[:, None]).sum(axis=1)  # the left run's length
+    n_right = width - split
+
+    def left(j: np.ndarray) -> np.ndarray:  # j-th smallest deviation below the centre (j < split)
+        return centre - ordered[r, np.clip(split - 1 - j, 0, width - 1)]
+
+    def right(j: np.ndarray) -> np.ndarray:  # j-th smallest deviation from the centre up (j < n_right)
+        return ordered[r, np.clip(split + j, 0, width - 1)] - centre
+
+    def kth(k: int) -> np.ndarray:
+        lo, hi = np.maximum(0, k + 1 - n_right), np.minimum(k + 1, split)
+        while np.any(lo < hi):  # the number a of the k + 1 smallest that lie left of the centre
+            mid = (lo + hi) // 2
+            more = (lo < hi) & (left(mid) < right(k - mid))
+            lo, hi = np.where(more, mid + 1, lo), np.where(more | (lo >= hi), hi, mid)
+        a = lo
+        from_left = np.where(a > 0, left(a - 1), -np.inf)
+        from_right = np.where(k - a >= 0, right(k - a), -np.inf)
+        return np.maximum(from_left, from_right)
+
+    return (kth((width - 1) // 2) + kth(width // 2)) * 0.5
+
+
+def _row_median(values: np.ndarray, min_finite: int | None = None,
+                keep_sorted: bool = False) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
+    """(medians, the sorted rows when sorted and asked for, which rows are all finite)."""
     width = values.shape[1]
     need = max((width + 1) // 2 if min_finite is None else min_finite, 1)
+    ordered = None
     if width == 0:
-        return np.full(values.shape[0], np.nan)
+        return np.full(values.shape[0], np.nan), None, np.zeros(values.shape[0], bool)
     # Rows all finite (nearly every row) take the fast path; which rows are is read off its own work (a NaN or
     # an infinity makes a sum non-finite and sorts to an end of its row), not from a pass of isfinite.
     with np.errstate(invalid="ignore", over="ignore"):  # rows with inf or NaN are redone below
@@ -49,6 +114,10 @@ def row_median(values: np.ndarray, min_finite: int | None = None) -> np.ndarray:
             inner_lo = np.maximum(np.minimum(a, b), np.minimum(c, d))
             inner_hi = np.minimum(np.maximum(a, b), np.maximum(c, d))
             med = (np.minimum(inner_lo, inner_hi) + np.maximum(inner_lo, inner_hi)) * 0.5
+        elif width >= PARTITION_FROM:  # a long row (one whole series in blocks): selection, not a sort
+            mid = np.partition(values, [(width - 1) // 2, width // 2], axis=1)
+            whole = np.isfinite(values.sum(axis=1))
+            med = (mid[:, (width - 1) // 2] + mid[:, width // 2]) * 0.5
         else:  # the two middle columns of the sorted rows (a SIMD row sort beats partition here; NaN sorts last)
             ordered = np.sort(values, axis=1)
             whole = np.isfinite(ordered[:, 0]) & np.isfinite(ordered[:, -1])
@@ -57,7 +126,7 @@ def row_median(values: np.ndarray, min_finite: int | None = None) -> np.ndarray:
     if not whole.all():
         rest = values[~whole]
         out[~whole] = _row_median_sorted(rest, np.isfinite(rest), need)
-    return out
+    return out, (ordered if keep_sorted and width >= need else None), whole & (width >= need)
 
 
 def _row_median_sorted(values: np.ndarray, finite: np.ndarray, need: int) -> np.ndarray:
@@ -232,7 +301,9 @@ class BlockBaseline:
         k, rows = _distinct_sorted(k)
         med_w, mad_w = self._windows(k, valid, self.window)
         enough = np.isfinite(med_w).sum(axis=1) >= self.min_blocks
-        centre = row_median(med_w, self.min_blocks)
+        # Over its own window the wander is the medians' spread about this centre: one sort gives both.
+        own = not (self.level_only or self.detrend or self.wander_window > self.window)
+        centre, about = row_median_and_mad(med_w, self.min_blocks) if own else (row_median(med_w, self.min_blocks), None)
         last = med_w[:, -1]
         level = np.where(np.isfinite(last), np.fmin(centre, last), centre) if self.follow_last else centre
         if self.level_only:
@@ -244,7 +315,7 @@ class BlockBaseline:
         spread = MAD_TO_SIGMA * row_median(mad_w, 1)
         # The wander: how far the block medians stray from one another, beyond what the within-block noise
         # of a median of ``block`` observations explains (its standard error is ~1.25 sigma / sqrt(block)).
-        between, noise_long = self._between(k, valid, med_w, centre, spread)
+        between, noise_long = self._between(k, valid, med_w, spread, about)
         if self.follow_rising_noise:
             spread = np.fmax(spread, MAD_TO_SIGMA * mad_w[:, -1])
         # The noise does not drop below half its long-run level in a window: a stretch of repeated values (a
@@ -286,8 +357,8 @@ class BlockBaseline:
         mad_w = np.where(have, self.mad.view[pick] if len(valid) else np.nan, np.nan)
         return med_w, mad_w
 
-    def _between(self, k: np.ndarray, valid: np.ndarray, med_w: np.ndarray, centre: np.ndarray,
-                 noise: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _between(self, k: np.ndarray, valid: np.ndarray, med_w: np.ndarray, noise: np.ndarray,
+                 about: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
         """The wander (how far the block medians stray) and the long-run noise (median block MAD as a sigma), over
         the last ``wander_window`` valid blocks.
 
@@ -296,23 +367,21 @@ class BlockBaseline:
         medians' spread about their centre (slow wander too). A long window is
         evaluated at every ``wander_window // 16``-th block only and held between
         (it changes slowly, and this keeps it O(n)). Over the baseline's own window (``wander_window`` no longer
-        than ``window``) the window's ``centre`` and ``noise`` (the median block MAD as a sigma) are reused.
+        than ``window``) the window's spread about its centre (``about``, without ``detrend``) and ``noise`` (the
+        median block MAD as a sigma) are reused.
         """
         if self.wander_window <= self.window:
             anchors, rows = k, np.arange(len(k))
-            med_long, noise_long, middle = med_w, noise, centre
+            med_long, noise_long, spread = med_w, noise, about
         else:
             stride = max(1, self.wander_window // 16)
             anchor = k - k % stride
             anchors, rows = _distinct_sorted(anchor)
             med_long, mad_long = self._windows(anchors, valid, self.wander_window)
             noise_long = MAD_TO_SIGMA * row_median(mad_long, 1)
-            middle = None if self.detrend else row_median(med_long, self.min_blocks)
+            spread = None if self.detrend else row_median_and_mad(med_long, self.min_blocks)[1]
         if self.detrend:
-            d = np.diff(med_long, axis=1)
-            spread = row_median(np.abs(d - row_median(d, 1)[:, None]), 1) / np.sqrt(2.0)
-        else:
-            spread = row_median(np.abs(med_long - middle[:, None]), self.min_blocks)
+            spread = row_median_and_mad(np.diff(med_long, axis=1), 1)[1] / np.sqrt(2.0)
         if not len(anchors):
             return np.full(len(k), np.nan), np.full(len(k), np.nan)
         return (MAD_TO_SIGMA * spread)[rows], noise_long[rows]
