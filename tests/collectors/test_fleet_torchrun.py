@@ -73,7 +73,9 @@ def test_a_slowed_rank_is_the_straggler(tmp_path: Path) -> None:
     found = _fleet(report, "straggler")
     assert [(f.rank, f.host, f.evidence["section"]) for f in found] == [(1, HOST, "forward")]
     assert 64 <= found[0].onset_step <= 128 and found[0].evidence["cost"] > 0.1
-    assert not _fleet(report, "rank_disagreement") and not _fleet(report, "stall")
+    # No stall alarm: a host hiccup of a second on the loaded machine is a true 'info' stall note (a CI run with
+    # two test files at a time saw rank 1 pause 1.08 s at step 30), not the slowed rank misread.
+    assert not _fleet(report, "rank_disagreement") and not _alarms(report, "stall")
     with Store(root) as store:
         rows = store.rows("slow", rank=None)
     assert rows["forward_time"].null_count == 0 and rows["data_time"].null_count == 2  # first step of each rank
