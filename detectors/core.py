@@ -39,16 +39,24 @@ def row_median(values: np.ndarray, min_finite: int | None = None) -> np.ndarray:
     return _row_median(values, min_finite)[0]
 
 
+PARTITION_FROM = 4096
+"""Row width from which the two middle values are selected (np.partition, ~3x faster than a sort at 15,625)."""
+SORT_ONCE_FROM = 1 << 16
+"""Values from which ``row_median_and_mad`` reads the deviations off the sorted rows instead of sorting twice..."""
+WIDE_ROW = 512
+"""...in rows at least this wide (numpy sorts rows of up to 256 float64 with a sorting network, ~2.5 ns a value
+on this machine, wider ones at ~12 ns: bench/detector_speed.py)."""
+
+
 def row_median_and_mad(values: np.ndarray, min_finite: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """``(row_median(values, m), row_median(abs(values - median), m))`` with one sort of the rows, not two: the
     deviations' middle order statistics are read off the sorted row, where they form two sorted runs (below
     the median and above it). The same values as the two calls (fl(c - x) is -fl(x - c)), so exact."""
-    if values.size < SORT_ONCE_FROM or values.shape[1] < WIDE_ROW:  # few rows (a streaming update) or narrow
-        # ones, which sort ~5x faster per value than wide rows do: a second sort beats the search's loop
-        med = row_median(values, min_finite)
-        return med, row_median(np.abs(values - med[:, None]), min_finite)
-    med, ordered, whole = _row_median(values, min_finite, keep_sorted=True)
-    if ordered is None:  # narrow rows (a min/max network) or too few values: the two calls
+    # Few rows (a streaming update) or narrow ones, which sort ~5x faster per value than wide rows: a second
+    # sort beats the search's loop.
+    sort_once = values.size >= SORT_ONCE_FROM and values.shape[1] >= WIDE_ROW
+    med, ordered, whole = _row_median(values, min_finite, keep_sorted=sort_once)
+    if ordered is None:  # not sorted (selected, too few values, or not worth it): the second call
         return med, row_median(np.abs(values - med[:, None]), min_finite)
     mad = np.full(len(med), np.nan)
     if whole.any():
@@ -57,15 +65,6 @@ def row_median_and_mad(values: np.ndarray, min_finite: int | None = None) -> tup
         rest = ~whole
         mad[rest] = row_median(np.abs(values[rest] - med[rest][:, None]), min_finite)
     return med, mad
-
-
-PARTITION_FROM = 4096
-"""Row width from which the two middle values are selected (np.partition, ~3x faster than a sort at 15,625)."""
-SORT_ONCE_FROM = 1 << 16
-"""Values from which ``row_median_and_mad`` reads the deviations off the sorted rows instead of sorting twice..."""
-WIDE_ROW = 512
-"""...in rows at least this wide (numpy sorts rows of up to 256 float64 with a sorting network, ~2.5 ns a value
-on this machine, wider ones at ~12 ns: bench/detector_speed.py)."""
 
 
 def _middle_deviation(ordered: np.ndarray, centre: np.ndarray) -> np.ndarray:
