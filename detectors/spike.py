@@ -265,9 +265,12 @@ class SpikeScanner:
 
     def _open(self, onset: int, trigger: int, rule: str, loss: np.ndarray, led_by: int) -> None:
         last = self.closed[-1] if self.closed else None
-        if last is not None and onset - (last.recovered_at + self.cfg.recovery_obs) < self.cfg.patience_obs:
+        if last is not None and not last.data.get("blip") \
+                and onset - (last.recovered_at + self.cfg.recovery_obs) < self.cfg.patience_obs:
             # Out again within the patience of its recovery: the excursion was not over (the tail of a slow
-            # recovery), so the episode goes on rather than a second one starting.
+            # recovery), so the episode goes on rather than a second one starting. A blip that came straight
+            # back was over: what comes out after ``recovery_obs`` in-band observations is an incident of its own
+            # (two bad batches 23 observations apart are two, not one wider spread).
             self.closed.pop()
             last.recovered_at, last.carry, last.end = None, 0, trigger
             last.data["below"] = last.data["above"] = 0  # judged afresh (what came before the recovery is settled)
@@ -368,7 +371,8 @@ class SpikeScanner:
         if ep.data.get("noise_grew"):
             self._rearm(recovered_at)  # the baselines keep it all: the larger noise is the run's from now on
             return
-        if not self._persistent(ep, loss, recovered_at):
+        ep.data["blip"] = not self._persistent(ep, loss, recovered_at)
+        if ep.data["blip"]:
             # A blip that came straight back is the run's own tail, not an incident: the baselines keep it
             # (their medians do not move) and so does the extreme-value tail, which is made of such blips.
             level, scale, glevel, gscale, warm = self._baselines(loss, ep.onset, last + 1)

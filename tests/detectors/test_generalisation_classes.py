@@ -940,3 +940,33 @@ def test_30_a_quiet_shift_still_out_when_the_data_ends_is_an_annotation_not_crit
     [paged] = [f for f in raised.findings if f.kind == "spike" and f.onset_step >= n - 80]
     assert (paged.severity, paged.evidence["uncorroborated"]) == ("critical", False), paged
     assert raised.rollback is not None and raised.rollback.checkpoint_step == 2900, raised.rollback
+
+
+# 31. A blip that came straight back is over: the next one is an incident of its own.
+
+@pytest.mark.parametrize("seed", range(4))
+def test_31_two_bad_batches_close_together_are_two_spikes_but_a_slow_recovery_stays_one(seed: int) -> None:
+    """Two one-observation bad batches (20 sigmas) 23 observations apart, the loss in its band between them:
+    two annotations, each at its own step. Joining them (the second came within ``patience_obs`` of the first's
+    recovery) made one episode 'the noise grew' from the first to past the second (seed 667186's run 047, a log
+    every 5 steps: one finding for two labels). Fails on 99b96f7. Guard: an excursion that lasted (six
+    observations at 12 sigmas) and goes out again as soon is still one incident, the tail of a slow recovery;
+    and streaming gives the same findings."""
+    n, sigma = 3000, 0.05
+    steps = np.arange(n)
+    loss = _trend(n) + np.random.default_rng(seed).normal(0, sigma, n)
+    blips = loss.copy()
+    blips[[2511, 2534]] += 20 * sigma
+    report = analyze(rows_table(steps, loss=blips, grad_norm=grad_curve(n)))
+    spikes = [(f.onset_step, f.end_step, f.severity) for f in report.findings if f.kind == "spike"]
+    assert spikes == [(2511, 2511, "info"), (2534, 2534, "info")], spikes
+    live = StreamingAnalyzer(None)
+    for row in rows_table(steps, loss=blips, grad_norm=grad_curve(n)).drop_columns(["main"]).to_pylist():
+        live.update(row)
+    assert live.report().findings == report.findings
+    slow = loss.copy()
+    slow[2500:2506] += 12 * sigma
+    slow[2518:2521] += 12 * sigma
+    joined = [f for f in analyze(rows_table(steps, loss=slow, grad_norm=grad_curve(n))).findings if f.kind == "spike"]
+    assert [(f.onset_step, f.end_step >= 2520) for f in joined] == [(2500, True)], joined
+
