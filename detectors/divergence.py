@@ -17,6 +17,8 @@ norms blowing up before the loss moves (OPT's precursor) is a divergence too.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from runwatch.detectors.config import DivergenceConfig, LRConfig
@@ -555,26 +557,29 @@ def lr_level_shift(obs: Observations, history: int, cfg: DivergenceConfig, lrc: 
     nb = len(history_rows) // SHIFT_BLOCK
     if nb < 4 or len(loss) - rise < cfg.lr_shift_obs:
         return None
-    # The spread from up to 16 blocks (15 differences: ~19% relative error, where 8 blocks give ~27%); the
-    # level before from the last 8 blocks, the same span as the level after.
+    # The spread from up to 16 blocks (15 differences: ~19% relative error, where 8 blocks give ~27%).
     blocks = row_median(history_rows[len(history_rows) - nb * SHIFT_BLOCK:].reshape(nb, SHIFT_BLOCK))
     spread = MAD_TO_SIGMA * float(np.median(np.abs(np.diff(blocks)))) / np.sqrt(2.0)  # a trend cancels
-    before = history_rows[-8 * SHIFT_BLOCK:]
-    level = float(np.median(before))
-    if not spread > 0 or not level > 0:
+    if not spread > 0:
         return None
 
-    def lift(lo: int, hi: int) -> tuple[float, float]:
+    def lift(lo: int, hi: int) -> tuple[float, float, float]:
+        """(standard errors, lift, level before) of the loss level over lo..hi-1 against the level before."""
         after = loss[lo:hi]
         after = after[np.isfinite(after)]
         if len(after) < cfg.lr_shift_obs // 2:
-            return 0.0, 0.0
+            return 0.0, 0.0, math.nan
+        # The level before over the same span as the level after (two blocks at least, eight at most): over a
+        # longer one a loss still falling puts the median before far above the level the rise came from (a log
+        # every 25 steps spans 1,600 steps in eight blocks), which hides the lift.
+        before = history_rows[-min(max(len(after), 2 * SHIFT_BLOCK), 8 * SHIFT_BLOCK):]
+        level = float(np.median(before))
         se = spread * np.sqrt(SHIFT_BLOCK / len(after) + SHIFT_BLOCK / len(before))
-        return float((np.median(after) - level) / se), float(np.median(after)) - level
+        return float((np.median(after) - level) / se), float(np.median(after)) - level, level
 
     window = 8 * SHIFT_BLOCK
-    z_now, rise_now = lift(max(rise, len(loss) - window), len(loss))
-    if z_now < cfg.lr_shift_z or rise_now < cfg.min_rise * level:
+    z_now, rise_now, level = lift(max(rise, len(loss) - window), len(loss))
+    if z_now < cfg.lr_shift_z or not level > 0 or rise_now < cfg.min_rise * level:
         return None  # not up now: the run absorbed the raised LR (or it never moved the loss)
     looks = range(rise + cfg.lr_shift_obs - 1, min(len(loss), rise + 16 * window))  # bounded: a report stays O(1)
     detected = next((j for j in looks if lift(max(rise, j + 1 - window), j + 1)[0] >= cfg.lr_shift_z), len(loss) - 1)

@@ -970,3 +970,26 @@ def test_31_two_bad_batches_close_together_are_two_spikes_but_a_slow_recovery_st
     joined = [f for f in analyze(rows_table(steps, loss=slow, grad_norm=grad_curve(n))).findings if f.kind == "spike"]
     assert [(f.onset_step, f.end_step >= 2520) for f in joined] == [(2500, True)], joined
 
+
+# 32. The level before an LR raise is read over the span after it, not over 1,600 steps of a falling loss.
+
+@pytest.mark.parametrize("seed", range(5))
+def test_32_a_lift_soon_after_an_lr_raise_on_a_still_falling_coarse_log_is_a_divergence(seed: int) -> None:
+    """A log every 25 steps, the loss still falling (0.17 over the last 64 rows), the LR raised 5x at row 300
+    and the loss 4 noise sigmas up since, 16 rows on when the data ends: a divergence from the raise. The
+    change-point test compared the 16 rows after against the median of the 64 before, which a falling loss puts
+    half its fall above the level the rise came from (seed 746292's run 120, a log every 25 steps: the median
+    before was 1.17 where the loss had fallen to 0.87). Fails on 99b96f7 for seeds 0, 1, 3 and 4. Guard: the
+    same raise that moved nothing, and the same lift with no raise, are no divergence."""
+    n = 316
+    rows = np.arange(n)
+    loss = 2 + 3 * np.exp(-rows / 120) + np.random.default_rng(seed).normal(0, 0.05, n)
+    lr = np.full(n, 3e-4)
+    lr[300:] *= 5
+    lifted = loss.copy()
+    lifted[300:] += 0.2
+    found = analyze(rows_table(25 * rows, loss=lifted, grad_norm=grad_curve(n), lr=lr)).findings
+    assert [(f.kind, f.onset_step, f.needs_action) for f in found] == [("divergence", 7500, True)], found
+    for what in (dict(loss=loss, lr=lr), dict(loss=lifted, lr=np.full(n, 3e-4))):
+        quiet = analyze(rows_table(25 * rows, grad_norm=grad_curve(n), **what))
+        assert [f for f in quiet.findings if f.kind == "divergence"] == [], quiet.findings
