@@ -434,6 +434,11 @@ def _lr_story(steps: np.ndarray, lr: np.ndarray, onset: int, end: int, history: 
     last step up (``lr_step_before``), still in effect at the onset, is read against the LR before that step."""
     anchor = onset
     step_up = lr_step_before(lr, onset, history, lrc)
+    if step_up is not None and in_warmup(steps, lr, int(steps[step_up])):
+        # The opening warm-up's rise is the schedule's, not a cause: on a coarse log the lag's rows reach back into
+        # it (32 rows of a log every 10 steps span 320 steps), and the LR before its last step was the warm-up's
+        # first (seed 899445's run 062: a loss excursion at step 190 read against the LR of step 0, "x50").
+        step_up = None
     if step_up is not None and step_up < onset:
         kept = lr[step_up:onset + 1]
         if not np.any(kept[np.isfinite(kept)] * lrc.raise_factor <= lr[step_up]):  # not stepped back down since
@@ -465,8 +470,8 @@ def _lr_story(steps: np.ndarray, lr: np.ndarray, onset: int, end: int, history: 
     scheduled = bool(raised and lr_cause <= lrc.restart_slack * earlier
                      and len(held) >= patience and np.all(held >= 0.5 * lr_cause))
     restart = restart_before(steps, lr, onset, end, lrc, history)
-    # The last step up within the lag, ended or not and outside the opening warm-up: evidence a shift has a cause.
-    stepped = step_up is not None and not in_warmup(steps, lr, int(steps[step_up]))
+    # The last step up within the lag, ended or not (outside the opening warm-up): evidence a shift has a cause.
+    stepped = step_up is not None
     return {"lr_before": level, "lr_at_onset": lr_cause, "lr_ratio": ratio, "lr_raised": raised,
             "lr_still_raised": still, "lr_scheduled": scheduled or restart is not None,
             "lr_restart_step": None if restart is None else int(steps[restart]),

@@ -993,3 +993,28 @@ def test_32_a_lift_soon_after_an_lr_raise_on_a_still_falling_coarse_log_is_a_div
     for what in (dict(loss=loss, lr=lr), dict(loss=lifted, lr=np.full(n, 3e-4))):
         quiet = analyze(rows_table(25 * rows, grad_norm=grad_curve(n), **what))
         assert [f for f in quiet.findings if f.kind == "divergence"] == [], quiet.findings
+
+
+# 33. The opening warm-up's rise is the schedule's, also where a coarse log's lag window reaches back into it.
+
+@pytest.mark.parametrize("seed", range(4))
+def test_33_an_excursion_soon_after_the_warm_up_of_a_coarse_log_is_not_read_against_its_first_lr(seed: int) -> None:
+    """A log every 10 steps, the LR warmed up over the first 5 rows and flat since; the loss and gradient norm up
+    for three rows at row 19. The LR's last one-row step up within the 32-row lag is the warm-up's second row,
+    and the excursion was read against the LR before it (the warm-up's first, 50x lower): a divergence "after
+    the LR rose x50", advice to restore the LR to 0.0001 (seed 899445's run 062, no fault in it). Fails on
+    ce76e93. Guard: a real 5x raise at row 15, after the warm-up, is still the cause of a divergence."""
+    n = 80
+    steps = 10 * np.arange(n)
+    loss = 3.0 + np.random.default_rng(seed).normal(0, 0.05, n)
+    grad = grad_curve(n)
+    loss[19:22] *= 1.8
+    grad[19:22] *= 3
+    lr = np.minimum(1e-4 + (5e-3 - 1e-4) * steps / 50, 5e-3)
+    report = analyze(rows_table(steps, loss=loss, grad_norm=grad, lr=lr))
+    assert [(f.kind, f.onset_step, f.evidence["lr_raised"]) for f in report.findings] == [("spike", 190, False)]
+    assert report.rollback is None
+    lr[15:] *= 5
+    raised = analyze(rows_table(steps, loss=loss, grad_norm=grad, lr=lr))
+    assert [(f.kind, f.severity, f.evidence["lr_ratio"]) for f in raised.findings] == \
+        [("divergence", "critical", pytest.approx(5.0))], raised.findings
