@@ -2,7 +2,9 @@
 
 ``AlertBook.update(run, report, now)`` compares a run's findings that need
 attention (open, not recovered, warning or critical) with the alerts already
-open for that run. A new one is announced, unless an alert of the same run,
+open for that run. A new one is announced, unless someone acknowledged it or
+the run is silenced (``oncall.alertable``: nothing is sent while a silence
+lasts), or unless an alert of the same run,
 kind and rank went out less than ``cooldown_s`` ago (a flapping finding pages
 once); one that matches an open alert (same kind, segment and rank, an
 overlapping step range) is the same incident and is not announced again; an
@@ -29,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from runwatch.app.fleet_views import opt_checklist
+from runwatch.app.oncall import OnCall, alertable
 from runwatch.data.storage import write_bytes_atomic
 from runwatch.detectors.analysis import Report
 from runwatch.detectors.finding import Finding
@@ -81,12 +84,19 @@ class AlertBook:
 
     # -- judging ----------------------------------------------------------------------
 
-    def update(self, run: str, report: Report, now: float | None = None) -> int:
-        """Compare a run's report with its open alerts; returns how many messages were queued."""
+    def update(self, run: str, report: Report, now: float | None = None, oncall: OnCall | None = None) -> int:
+        """Compare a run's report with its open alerts; returns how many messages were queued.
+
+        ``oncall`` (the run's acks and silences, ``oncall.read_oncall``) is respected: a finding someone
+        acknowledged opens no alert, and while the run is silenced nothing is sent (an alert already open goes
+        on quietly; one that resolves meanwhile resolves unannounced; a finding still open when the silence
+        ends pages then)."""
         now = time.time() if now is None else now
+        oncall = oncall or OnCall()
         self.health[run] = report.health
         before = len(self.outbox)
         current = [f for f in report.findings if needs_attention(f)]
+        may_page = {id(f) for f in alertable(current, oncall, now)}
         open_ = {aid: a for aid, a in self.alerts.items() if a["run"] == run and a["status"] == "open"}
         matched: set[str] = set()
         for f in current:
@@ -95,10 +105,11 @@ class AlertBook:
                 matched.add(aid)
                 self.alerts[aid].update(end_step=f.end_step, severity=f.severity, last_seen=now)
                 continue
-            matched.add(self._open(run, f, report, now))
+            if id(f) in may_page:
+                matched.add(self._open(run, f, report, now))
         for aid, a in open_.items():
             if aid not in matched:
-                self._resolve(aid, a, report, current, now)
+                self._resolve(aid, a, report, current, now, quiet=oncall.silenced(now) is not None)
         return len(self.outbox) - before
 
     def _open(self, run: str, f: Finding, report: Report, now: float) -> str:
@@ -117,14 +128,15 @@ class AlertBook:
         self._queue(aid, "alert", title, body, "failure" if f.severity == "critical" else "warning", now)
         return aid
 
-    def _resolve(self, aid: str, a: dict, report: Report, current: list[Finding], now: float) -> None:
+    def _resolve(self, aid: str, a: dict, report: Report, current: list[Finding], now: float, *,
+                 quiet: bool = False) -> None:
         # Another finding over the same steps took its place (a spike that became a divergence, a whole-run hang
         # now pinned on one rank): that one is announced on its own, this one is not "resolved".
         taken_over = [f for f in current if f.segment == a["segment"]
                       and (f.rank == a["rank"] or f.rank is None or a["rank"] is None)
                       and f.onset_step <= a["end_step"] and a["onset_step"] <= f.end_step]
         a.update(status="superseded" if taken_over else "resolved", resolved=now)
-        if taken_over or not a["announced"]:
+        if taken_over or not a["announced"] or quiet:
             return
         self.counters["resolves"] += 1
         title, body = resolve_text(a, report, self.config.dashboard_url, aid)

@@ -81,9 +81,11 @@ def _when(ev: dict) -> float:
     return ev["time"] if isinstance(ev.get("time"), (int, float)) else float("-inf")
 
 
-def read_oncall(events: pa.Table) -> OnCall:
-    """The acks and silences among a run's events (``Store.events``), in the order they were made."""
-    rows = [r for r in events.to_pylist() if r["event"] in ("ack", "silence")]
+def read_oncall(events: pa.Table | Iterable[dict]) -> OnCall:
+    """The acks and silences among a run's events (``Store.events``, or its rows as a streaming analyser keeps
+    them), in the order they were made."""
+    rows = [r for r in (events.to_pylist() if isinstance(events, pa.Table) else events)
+            if r["event"] in ("ack", "silence")]
     rows.sort(key=_when)  # events come by step; who acted last is decided by time
     acks: dict[tuple[str, int, int], Ack] = {}
     silences = []

@@ -35,6 +35,7 @@ from runwatch.app.alerts import AlertBook, AlertConfig
 from runwatch.app.follow import RunFollower
 from runwatch.app.judge import is_live, judge_run
 from runwatch.app.notify import Notifier, Sender, backoff, deliver_due
+from runwatch.app.oncall import read_oncall
 from runwatch.data.roots import is_url
 from runwatch.data.store import Store, StoreError
 
@@ -111,16 +112,18 @@ def run_once(cfg: WatchConfig, book: AlertBook, notifier: Notifier, out=sys.stdo
                 meta = store.meta(run)
                 if not _watched(meta) or not store.has_run(run):
                     continue
-                if run not in reopen and not is_live(meta, store.events(run)):
+                events = store.events(run)
+                if run not in reopen and not is_live(meta, events):
                     continue
                 report = judge_run(store, run)
+                oncall = read_oncall(events)
             except (ValueError, OSError, StoreError) as exc:
                 errors += 1
                 print(f"runwatch watch: {run}: {exc}", file=err)
                 continue
             judged += 1
             action += report.health in ("action needed", "stalled")
-            book.update(run, report)
+            book.update(run, report, oncall=oncall)
     lock = threading.Lock()
     sent = deliver_due(book, notifier, lock, force=True)
     for attempt in range(1, ONCE_ATTEMPTS):
@@ -162,7 +165,7 @@ class Watcher:
             report = self.follower.report(run, now)
             self.num_judgements += 1
             with self.lock:
-                queued += self.book.update(run, report, now)
+                queued += self.book.update(run, report, now, read_oncall(fr.analyzer.events))
         if queued:
             self.save()  # before sending: a crash now loses nothing
             self.sender.wake()

@@ -176,3 +176,29 @@ def test_a_second_watch_on_the_same_state_is_refused(tmp_path: Path) -> None:
         _stop(proc)
         hook.stop()
     assert os.path.exists(tmp_path / "watch-state.json")
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*RUNWATCH, *args], capture_output=True, text=True, timeout=120)
+
+
+def test_watch_pages_no_acknowledged_finding_and_nothing_while_a_run_is_silenced(tmp_path: Path) -> None:
+    """The on-call rule (``oncall.alertable``) holds for ``watch`` as for the dashboard's banner: an acknowledged
+    finding opens no alert, a silenced run sends nothing, and a finding still open when the silence ends pages."""
+    root, ckpt = tmp_path / "runs", tmp_path / "ckpt"
+    hook = Webhook().start()
+    try:
+        train_run(root, "acked", 60, nan_at=45, ckpt_dir=ckpt)
+        train_run(root, "muted", 60, nan_at=45, ckpt_dir=ckpt, seed=1)
+        ack = _cli("ack", "--root", str(root), "--run", "acked", "--kind", "nan", "--by", "ana", "--note", "rolling back")
+        assert ack.returncode == 0, ack.stderr
+        silence = _cli("silence", "--root", str(root), "--run", "muted", "--for", "4s", "--by", "bo")
+        assert silence.returncode == 0, silence.stderr
+        assert _once(root, hook).returncode == 1  # both still need action: the exit status says so
+        assert _nan_titles(hook) == []
+        time.sleep(4.5)  # the silence ends; the acknowledgement does not
+        assert _once(root, hook).returncode == 1
+        assert _nan_titles(hook) == ["[runwatch] ACTION muted: nan"]
+        assert _once(root, hook).returncode == 1 and _nan_titles(hook) == ["[runwatch] ACTION muted: nan"]
+    finally:
+        hook.stop()
