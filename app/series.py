@@ -176,4 +176,10 @@ def log_ticks(lo: float, hi: float) -> list[float]:
     if len(ticks) < 2:  # less than a decade between two 1-2-5 values: a finer 1..9 ladder
         e = math.floor(math.log10(lo))
         ticks = [m * 10.0 ** k for k in (e, e + 1) for m in range(1, 10) if lo <= m * 10.0 ** k <= hi]
+    if len(ticks) < 2:  # narrower still (a loss between 2.1 and 2.9): multiples of 1, 2 or 5 x 10^k, as a linear axis
+        k = math.floor(math.log10(hi - lo))
+        for unit in (m * 10.0 ** j for j in (k, k - 1, k - 2) for m in (5, 2, 1)):
+            ticks = [n * unit for n in range(math.ceil(lo / unit), math.floor(hi / unit) + 1)]
+            if len(ticks) >= 3:
+                break
     return [float(f"{t:.12g}") for t in ticks]

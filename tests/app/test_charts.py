@@ -68,6 +68,9 @@ def test_log_toggle_per_chart_with_whole_tick_labels(spike_store: Store) -> None
     option = charts.run_chart(tables, charts.panels_for(["loss", "grad_norm"]), view=view).option
     assert option["yAxis"][0]["type"] == "value" and option["yAxis"][1]["type"] == "log"
     assert _titles(option)[:2] == ["loss", "grad norm (log)"]
+    ticks = option["yAxis"][1]["axisLabel"]["customValues"]  # labelled with whole values, not ECharts' own
+    assert len(ticks) >= 2 and ticks == option["yAxis"][1]["axisTick"]["customValues"]
+    assert all(option["yAxis"][1]["min"] <= t <= option["yAxis"][1]["max"] for t in ticks)
 
 
 @pytest.mark.parametrize("lo, hi", [(2.0, 5e6), (1e-5, 3e-4), (0.9, 4.1), (60_000, 70_000), (1.0, 1e12)])
@@ -78,6 +81,16 @@ def test_log_ticks_are_whole_values_in_range(lo: float, hi: float) -> None:
     for t in ticks:  # m x 10^k: a value a reader reads whole, not a bare "2" or "5" between decades
         mantissa = t / 10 ** math.floor(math.log10(t) + 1e-12)
         assert round(mantissa, 9) in {1, 2, 3, 4, 5, 6, 7, 8, 9}
+
+
+@pytest.mark.parametrize("lo, hi", [(2.1, 2.9), (11, 19), (0.031, 0.038), (1.001, 1.009), (2.1, 2.2)])
+def test_a_narrow_log_range_still_gets_labelled_ticks(lo: float, hi: float) -> None:
+    """A loss panel between 2.1 and 2.9 reaches no two 1..9 x 10^k values; its axis had no labels at all."""
+    ticks = series.log_ticks(lo, hi)
+    assert len(ticks) >= 2 and ticks == sorted(set(ticks)) and all(lo <= t <= hi for t in ticks), ticks
+    unit = min(b - a for a, b in zip(ticks, ticks[1:]))  # evenly spaced by 1, 2 or 5 x 10^k: labels read whole
+    mantissa = unit / 10 ** math.floor(math.log10(unit) + 1e-12)
+    assert round(mantissa, 9) in {1, 2, 5} and all(round(t / unit, 6).is_integer() for t in ticks), ticks
 
 
 def test_x_axis_of_wall_clock_time(spike_store: Store) -> None:
