@@ -169,6 +169,11 @@ def test_import_page(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     at = _import(at, "archive/old.jsonl", "../evil")
     assert any("invalid run name" in shown(e.value) for e in at.error)
     assert not (tmp_path / "evil").exists() and not (tmp_path / "run=evil").exists()
+    assert any(f"Imports into the dashboard's root: {root}" in shown(c.value) for c in at.caption)
+    at = _import(at, "archive/old.jsonl", "old-run")  # exists: the error speaks of the page's fields, not flags
+    [exists] = [shown(e.value) for e in at.error]
+    assert "already exists" in exists and "run name" in exists and "replace the run if it exists" in exists
+    assert "--" not in exists, exists
 
 
 def test_live_update_reaches_the_overview(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -169,6 +169,34 @@ def test_replace_needs_the_run_name_typed(chromium, hostile_server) -> None:
     page.close()
 
 
+def test_an_uploaded_log_is_named_as_uploaded_in_errors_and_imports(chromium, hostile_server) -> None:
+    """The Import page writes an upload to a temporary folder first; its errors name the file the user chose
+    (night run.jsonl, shown as night_run.jsonl:2), never that folder, and a good upload is imported."""
+    root, port = hostile_server
+    page = chromium.new_page()
+    page.goto(f"http://127.0.0.1:{port}/import_log")
+    page.get_by_text("upload", exact=True).click()
+    page.locator('input[type="file"]').wait_for(state="attached", timeout=30_000)
+    bad = b'{"step": 0, "loss": 1.0}\n{"step": "one"}\n'
+    page.locator('input[type="file"]').set_input_files(
+        files=[{"name": "night run.jsonl", "mimeType": "application/json", "buffer": bad}])
+    page.wait_for_selector("text=night run.jsonl", timeout=30_000)  # the uploader lists it
+    page.get_by_label("run name").fill("uploaded")
+    page.get_by_role("button", name="import").click()
+    page.wait_for_selector('[data-testid="stAlert"]', timeout=60_000)
+    _settle(page)
+    error = _visible(page.locator('[data-testid="stAlert"]').first.inner_text())
+    assert "night_run.jsonl:2" in error and "runwatch-upload-" not in error and "/tmp" not in error, error
+    assert not (root / "run=uploaded").exists()
+    good = "".join(json.dumps(line) + "\n" for line in spike_lines(30, -1)).encode()
+    page.locator('input[type="file"]').set_input_files(
+        files=[{"name": "night run.jsonl", "mimeType": "application/json", "buffer": good}])
+    page.get_by_role("button", name="import").click()
+    page.wait_for_selector("text=Imported 30 rows", timeout=60_000)
+    assert (root / "run=uploaded").is_dir()
+    page.close()
+
+
 @pytest.fixture(scope="module")
 def provider(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """oidc-provider-mock, a real OpenID Connect provider, on 127.0.0.1 with two known users."""
