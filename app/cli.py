@@ -60,11 +60,11 @@ def _ago(seconds: float | None) -> str:
 
 
 def _cmd_runs(args: argparse.Namespace) -> int:
+    from runwatch.app import lifecycle
     from runwatch.data import Store
 
     with Store(args.root) as store:
-        table = store.runs()
-    rows = table.to_pylist()
+        rows = [r if r["error"] else lifecycle.as_listed(r, store) for r in store.runs().to_pylist()]
     errors = [r["error"] for r in rows if r["error"]]
     for error in errors:  # every other run still lists; the broken one is named with its file
         print(f"runwatch: error: {one_line(error)}", file=sys.stderr)
@@ -75,9 +75,9 @@ def _cmd_runs(args: argparse.Namespace) -> int:
         print(f"no runs under {args.root}")
         return EXIT_OK
     now = time.time()
-    header = ("run", "last step", "segments", "ranks", "rows", "tokens", "updated")
+    header = ("run", "state", "last step", "segments", "ranks", "rows", "tokens", "updated")
     lines = [header] + [
-        (r["run"], "unreadable" if r["error"] else str(r["last_step"]), str(r["num_segments"]),
+        (r["run"], r.get("state") or "-", "unreadable" if r["error"] else str(r["last_step"]), str(r["num_segments"]),
          str(r["num_ranks"]), str(r["num_rows"]), "-" if r["tokens"] is None else f"{r['tokens']:,}",
          _ago(None if r["last_update"] is None else now - r["last_update"]))
         for r in rows

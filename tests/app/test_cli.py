@@ -36,6 +36,25 @@ def test_import_runs_and_compact_end_to_end(tmp_path):
     assert _run("compact", "--root", str(root)).returncode == 0
 
 
+def test_runs_lists_the_main_lines_last_step_the_state_and_the_runs_own_clock(tmp_path):
+    """`runs` follows the same rules as the overview (``lifecycle``): a run resumed from step 30 after its first
+    segment ran to 50 ends at the new segment's 39, not the abandoned branch's 50; an import is archived and its
+    last update is the log's last time, before and after ``compact`` (not the import's or compact's time)."""
+    lines = [{"step": s, "time": 1.7e9 + s, "loss": 3 - s / 100} for s in range(51)]
+    lines.append({"event": "resume", "step": 30, "checkpoint": "ck/30.pt"})
+    lines += [{"step": s, "time": 1.7e9 + 100 + s, "loss": 3 - s / 100} for s in range(31, 40)]
+    log = tmp_path / "log.jsonl"
+    log.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    root = tmp_path / "root"
+    assert _run("import", "jsonl", str(log), "--root", str(root), "--run", "branchy").returncode == 0
+    for _ in range(2):
+        [row] = json.loads(_run("runs", "--root", str(root), "--json").stdout)
+        assert (row["last_step"], row["state"], row["last_update"]) == (39, "archived", 1.7e9 + 139), row
+        assert _run("compact", "--root", str(root)).returncode == 0
+    table = _run("runs", "--root", str(root)).stdout.splitlines()
+    assert table[0].split()[:3] == ["run", "state", "last"] and table[1].split()[:3] == ["branchy", "archived", "39"]
+
+
 @pytest.mark.parametrize("args, message", [
     (["runs", "--root", "/definitely/not/here"], "no such directory"),
     (["import", "jsonl", "/definitely/not/here.jsonl", "--root", "r", "--run", "x"], "no such file"),
