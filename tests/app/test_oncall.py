@@ -120,6 +120,10 @@ def test_acknowledge_and_silence_from_the_run_page(monkeypatch: pytest.MonkeyPat
     at.button(key="silence_button").click().run()
     no_errors(at)
     assert any("silenced until" in shown(i.value) and "erin" in shown(i.value) for i in at.info)
+    at.run()  # the chart of the next run of the page marks the silence where it was set (the run's last step)
+    marks = [m for s in json.loads(at.get("echarts_chart")[-1].proto.spec)["series"] if s["name"] == "silence"
+             for m in s["data"]]
+    assert marks and "silenced until" in marks[0]["name"] and "erin" in marks[0]["name"], marks
     overview = open_page(monkeypatch, root, "overview")
     row = overview.dataframe(key="overview_table").value.iloc[0]
     assert row["alerts"].startswith("silenced until") and "1 acknowledged" in row["what"]
