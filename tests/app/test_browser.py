@@ -317,6 +317,18 @@ def test_run_states_and_on_call(server: str, page, demo_root: Path) -> None:
     assert check.returncode == 1 and "acknowledged by oncall-bob" in check.stdout and "rolling back" in check.stdout
     assert kind.replace(" ", "_") in check.stdout
 
+    page.get_by_text("silence alerts", exact=True).first.click()  # the section's expander
+    page.get_by_label("why (maintenance, known issue, ...)").fill("node swap")
+    page.get_by_label("why (maintenance, known issue, ...)").press("Tab")
+    _wait_idle(page)
+    page.get_by_role("button", name="silence alerts").click()
+    banner = page.locator('[data-testid="stAlert"]', has_text="Alerts silenced until")
+    banner.wait_for(timeout=60_000)
+    assert "oncall-bob" in banner.inner_text() and "node swap" in banner.inner_text()
+    check = subprocess.run([sys.executable, "-m", "runwatch.app.cli", "check", "--root", str(demo_root),
+                            "--run", "demo-diverged", "--json"], capture_output=True, text=True, timeout=180)
+    assert json.loads(check.stdout)["silence"]["by"] == "oncall-bob"
+
 
 def _every_frame(page, expression: str, seconds: float) -> list:
     """The distinct values of a JavaScript ``expression`` evaluated on every animation frame for ``seconds``, in
