@@ -93,6 +93,16 @@ def test_a_narrow_log_range_still_gets_labelled_ticks(lo: float, hi: float) -> N
     assert round(mantissa, 9) in {1, 2, 5} and all(round(t / unit, 6).is_integer() for t in ticks), ticks
 
 
+def test_x_axis_of_tokens(spike_store: Store) -> None:
+    """An x axis of tokens: the spike at step 31,337 is drawn at its 1024 x 31,338 tokens."""
+    tables = spike_store.downsample_columns("spiky", ["loss"], x="tokens", num_buckets=500)
+    option = charts.run_chart(tables, charts.panels_for(["loss"]), view=charts.View(x="tokens")).option
+    assert option["xAxis"][-1]["name"] == "tokens"
+    [main] = _series_on(option, 0, "main line")
+    peak = max((p for p in main["data"] if p[1] is not None), key=lambda p: p[1])
+    assert abs(peak[0] - 1024 * 31_338) <= 1024 * 50_000 / 500 and peak[1] > 32
+
+
 def test_x_axis_of_wall_clock_time(spike_store: Store) -> None:
     tables = spike_store.downsample_columns("spiky", ["loss"], x="time", num_buckets=100)
     option = charts.run_chart(tables, charts.panels_for(["loss"]), view=charts.View(x="time")).option
