@@ -124,3 +124,18 @@ def test_check_all_reports_progress_in_a_log_file(tmp_path: Path) -> None:
         "judging runs: 25% (1/4 runs)", "judging runs: 50% (2/4 runs)", "judging runs: 75% (3/4 runs)",
         "judging runs: 100% (4/4 runs)"]
     assert lines[-1].startswith("judging runs: 4 runs judged in ")
+
+
+def test_the_demo_reports_progress_in_a_log_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``runwatch demo`` trains real runs for a minute or more: to a log file, plain lines with what is left."""
+    from runwatch.app.demo import DemoPlan, record_demo
+    from tests.app.conftest import TEST_PLAN_KW
+
+    monkeypatch.setenv(EVERY_ENV, "0.05")
+    with open(tmp_path / "demo.log", "w") as log:
+        record_demo(tmp_path / "root", DemoPlan(**TEST_PLAN_KW), runs=("demo-diverged",), progress_out=log)
+    text = (tmp_path / "demo.log").read_text()
+    assert "\r" not in text and "\x1b" not in text
+    lines = [line for line in text.splitlines() if line.startswith("recording the demo runs: ")]
+    assert len([line for line in lines if "%" in line and "steps" in line]) >= 2, text
+    assert lines[-1].startswith("recording the demo runs: done in "), text
