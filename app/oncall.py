@@ -11,8 +11,9 @@ the latest silence wins (a silence ``until`` now ends one early).
 is silenced, and no finding someone has acknowledged.
 
 Writing: a new events file in the latest segment's rank-0 partition, written
-whole and renamed into place (``storage.write_bytes_atomic``), under the run's
-lock so that it never lands in a tree an import is switching away.
+whole and renamed into place (``storage.write_bytes_atomic``; on an object-store
+root one PUT under its final key), under the run's lock (``ObjectRunLock``
+there) so that it never lands in a tree an import is switching away.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from pathlib import Path
 import pyarrow as pa
 
 from runwatch.data.locks import RunLock
-from runwatch.data.storage import events_jsonl, part_name, partition_dir, write_bytes_atomic
+from runwatch.data.roots import is_url, open_root
+from runwatch.data.storage import check_run_name, events_jsonl, part_name, partition_dir, write_bytes_atomic
 
 
 @dataclass(frozen=True)
@@ -109,16 +111,28 @@ def alertable(findings: Iterable[object], oncall: OnCall, now: float) -> list:
     return [f for f in findings if getattr(f, "open", False) and oncall.ack_for(f) is None]
 
 
-def _write(root: str | Path, run: str, segment: int, event: dict) -> Path:
-    with RunLock(root, run, f"runwatch {event['event']}"):
+def _write(root: str | Path, run: str, segment: int, event: dict) -> str:
+    """The event as a new events part of the segment's rank 0, under the run's lock; where it landed."""
+    data, name, action = events_jsonl([event]), part_name("events", "jsonl"), f"runwatch {event['event']}"
+    if is_url(root):  # one PUT under its final key is atomic, as a Monitor's uploads are (objstore.py)
+        from runwatch.data.objwrite import ObjectRunLock
+
+        bucket = open_root(root)
+        partition = f"run={check_run_name(run)}/segment={int(segment)}/rank=0"
+        with ObjectRunLock(bucket, run, action):
+            if not any(f"/segment={int(segment)}/" in f.path for f in bucket.files(run, "metrics")):
+                raise ValueError(f"run {run!r} has no segment {segment} under {root}")
+            bucket.put(f"{partition}/{name}", data)
+            return bucket.full(f"{partition}/{name}")
+    with RunLock(root, run, action):
         directory = partition_dir(root, run, segment, 0)
         if not directory.parent.is_dir():
             raise ValueError(f"run {run!r} has no segment {segment} under {root}")
-        return write_bytes_atomic(events_jsonl([event]), directory / part_name("events", "jsonl"))
+        return str(write_bytes_atomic(data, directory / name))
 
 
 def write_ack(root: str | Path, run: str, finding: object, *, by: str, note: str = "", segment: int,
-              now: float | None = None) -> Path:
+              now: float | None = None) -> str:
     """Record that ``by`` acknowledged ``finding`` (in the run's latest ``segment``)."""
     kind, seg, onset = finding_key(finding)
     return _write(root, run, segment, {"event": "ack", "step": onset, "time": time.time() if now is None else now,
@@ -127,7 +141,7 @@ def write_ack(root: str | Path, run: str, finding: object, *, by: str, note: str
 
 
 def write_silence(root: str | Path, run: str, *, until: float, by: str, note: str = "", step: int, segment: int,
-                  now: float | None = None) -> Path:
+                  now: float | None = None) -> str:
     """Record that ``by`` silenced the run's alerts until ``until`` (unix seconds)."""
     return _write(root, run, segment, {"event": "silence", "step": step, "time": time.time() if now is None else now,
                                        "until": float(until), "by": by, "note": note})

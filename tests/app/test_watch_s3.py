@@ -97,3 +97,29 @@ def test_once_on_a_bucket_pages_once_per_finding(moto_s3: MotoS3, tmp_path: Path
         assert hook.titles() == ["[runwatch] ACTION gpt: nan"]
     finally:
         hook.stop()
+
+
+def test_ack_and_silence_on_a_bucket_reach_check_and_watch(moto_s3: MotoS3, tmp_path: Path) -> None:
+    """The on-call events are written to an object-store root as to a directory (one PUT of a new events part,
+    under the run's lock): ``check`` shows the ack, and ``watch --once`` pages neither the acknowledged run nor
+    the silenced one."""
+    root, ckpt = f"s3://{moto_s3.bucket()}/runs", tmp_path / "ckpt"
+    train_run(root, "acked", 60, nan_at=45, ckpt_dir=ckpt)
+    train_run(root, "muted", 60, nan_at=45, ckpt_dir=ckpt, seed=1)
+    env = dict(os.environ)  # the moto fixture put its endpoint and keys there
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*RUNWATCH, *args], capture_output=True, text=True, timeout=180, env=env)
+
+    ack = cli("ack", "--root", root, "--run", "acked", "--kind", "nan", "--by", "ana", "--note", "on it")
+    assert ack.returncode == 0, ack.stderr
+    assert cli("silence", "--root", root, "--run", "muted", "--for", "1h", "--by", "bo").returncode == 0
+    check = cli("check", "--root", root, "--run", "acked")
+    assert check.returncode == 1 and "acknowledged by ana" in check.stdout, check.stdout + check.stderr
+    hook = Webhook().start()
+    try:
+        once = cli("watch", "--root", root, "--once", "--notify", hook.url, "--state", str(tmp_path / "state.json"))
+        assert once.returncode == 1, once.stderr
+        assert [t for t in hook.titles() if t.endswith(": nan")] == []
+    finally:
+        hook.stop()
