@@ -97,6 +97,7 @@ class AlertBook:
         before = len(self.outbox)
         current = [f for f in report.findings if needs_attention(f)]
         may_page = {id(f) for f in alertable(current, oncall, now)}
+        silenced = oncall.silenced(now) is not None
         open_ = {aid: a for aid, a in self.alerts.items() if a["run"] == run and a["status"] == "open"}
         matched: set[str] = set()
         for f in current:
@@ -109,7 +110,7 @@ class AlertBook:
                 matched.add(self._open(run, f, report, now))
         for aid, a in open_.items():
             if aid not in matched:
-                self._resolve(aid, a, report, current, now, quiet=oncall.silenced(now) is not None)
+                self._resolve(aid, a, report, current, now, quiet=silenced)
         return len(self.outbox) - before
 
     def _open(self, run: str, f: Finding, report: Report, now: float) -> str:

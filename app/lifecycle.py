@@ -1,7 +1,7 @@
 """Where a run is in its life (live, finished, stalled, archived) and what "last update" and "last step" mean.
 
-Pure functions of a run's metadata, events, segments and judgement, shared by
-the overview, the run page and ``runwatch runs``:
+Pure functions of a run's metadata, events, segments and judgement (``as_listed`` reads them from a store for
+``runwatch runs``), shared by the overview, the run page and ``runwatch runs``:
 
 - **state**: ``archived`` for an import (a log of a run that ended elsewhere),
   ``finished`` for a run that recorded its own end, ``stalled`` for a live run

@@ -29,8 +29,8 @@ from pathlib import Path
 import pyarrow as pa
 
 from runwatch.data.locks import RunLock
-from runwatch.data.roots import is_url, open_root
-from runwatch.data.storage import check_run_name, events_jsonl, part_name, partition_dir, write_bytes_atomic
+from runwatch.data.roots import is_url, open_root, segment_rank
+from runwatch.data.storage import events_jsonl, part_name, partition_dir, write_bytes_atomic
 
 
 @dataclass(frozen=True)
@@ -118,12 +118,12 @@ def _write(root: str | Path, run: str, segment: int, event: dict) -> str:
         from runwatch.data.objwrite import ObjectRunLock
 
         bucket = open_root(root)
-        partition = f"run={check_run_name(run)}/segment={int(segment)}/rank=0"
+        key = (partition_dir("", run, segment, 0) / name).as_posix()  # the layout on disk, key for key
         with ObjectRunLock(bucket, run, action):
-            if not any(f"/segment={int(segment)}/" in f.path for f in bucket.files(run, "metrics")):
+            if not any(segment_rank(f.path)[0] == segment for f in bucket.files(run, "metrics")):
                 raise ValueError(f"run {run!r} has no segment {segment} under {root}")
-            bucket.put(f"{partition}/{name}", data)
-            return bucket.full(f"{partition}/{name}")
+            bucket.put(key, data)
+            return bucket.full(key)
     with RunLock(root, run, action):
         directory = partition_dir(root, run, segment, 0)
         if not directory.parent.is_dir():
