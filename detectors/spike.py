@@ -265,12 +265,14 @@ class SpikeScanner:
 
     def _open(self, onset: int, trigger: int, rule: str, loss: np.ndarray, led_by: int) -> None:
         last = self.closed[-1] if self.closed else None
-        if last is not None and not last.data.get("blip") \
-                and onset - (last.recovered_at + self.cfg.recovery_obs) < self.cfg.patience_obs:
+        if last is not None and not last.data.get("blip") and not last.data.get("superseded") \
+                and onset - (last.recovered_at + self.cfg.recovery_obs) < self.cfg.patience_obs \
+                and self._fresh_excursion(last, loss, trigger, trigger + 1) > 0:
             # Out again within the patience of its recovery: the excursion was not over (the tail of a slow
             # recovery), so the episode goes on rather than a second one starting. A blip that came straight
             # back was over: what comes out after ``recovery_obs`` in-band observations is an incident of its own
-            # (two bad batches 23 observations apart are two, not one wider spread).
+            # (two bad batches 23 observations apart are two, not one wider spread), and so was one whose next
+            # excursion is a fresh incident by the test that ends an episode for one (``_fresh_excursion``).
             self.closed.pop()
             last.recovered_at, last.carry, last.end = None, 0, trigger
             last.data["below"] = last.data["above"] = 0  # judged afresh (what came before the recovery is settled)
@@ -346,11 +348,18 @@ class SpikeScanner:
         # Led by the gradient norm, which moved to a new level and stays there while the loss never left its
         # band: a trend (warm-up, a schedule change), not an excursion. Decided once, ``patience_obs`` in.
         trend_at = max(ep.onset + cfg.patience_obs - 1, lo) - lo if ep.data["grad_led"] else len(ok)
-        if trend_at < len(ok) and trend_at < min(recovered_by, refuted):
+        fresh = self._fresh_excursion(ep, loss, lo, n)
+        if trend_at < len(ok) and trend_at < min(recovered_by, refuted, fresh):
             zl_all, _ = self.residuals(ep, loss, ep.onset, lo + trend_at + 1)
             if not np.any(np.nan_to_num(zl_all, nan=-np.inf) > cfg.z_band):
                 self._restart_after(ep, lo + trend_at)  # re-learn the baseline from here
                 return
+        if fresh < min(recovered_by, refuted, len(ok)):
+            # Back at its trend and then far out again: a new incident (a bad batch inside an LR burst's slow
+            # tail), not more of this one. This one ends where its last ``recovery_obs`` began.
+            ep.data["superseded"] = True
+            self._close(ep, lo + fresh - cfg.recovery_obs, loss)
+            return
         if refuted < len(ok) and refuted < recovered_by:
             ep.data["noise_grew"] = True
             self._close(ep, lo + refuted, loss)
@@ -363,6 +372,41 @@ class SpikeScanner:
             self._close(ep, lo + start, loss)
             return
         ep.end, self.pos = n - 1, n
+
+    def _fresh_excursion(self, ep: Episode, loss: np.ndarray, lo: int, n: int) -> int:
+        """Index (from ``lo``) of the first observation that opens a new incident inside this episode; ``n - lo``
+        when none does.
+
+        The recovery rule wants ``recovery_obs`` in band in a row, so that a ragged tail is not called over too
+        soon. A loss whose last ``recovery_obs`` observations sit, as a median, back in the band has come back
+        all the same; an observation then past the trigger bar both against the frozen baseline and against
+        the episode's own last ``2 * recovery_obs`` observations (their median, and their spread where it is
+        wider than the frozen scale: a ragged tail's own swings are not new) is what a scan would open an
+        excursion on, the next incident (a bad batch in an LR burst's slow tail), not more of this one."""
+        m, cfg = self.cfg.recovery_obs, self.cfg
+        w = 2 * m
+        a = max(lo - w, ep.trigger + 1)
+        if n - a <= w:
+            return n - lo
+        zl, zg = self.residuals(ep, loss, a, n)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            rise = (loss[a:n] - self.projection(ep, a, n)) / abs(ep.frozen["level"])
+        thr = ep.frozen["thr_loss"]
+        far = (np.nan_to_num(zl, nan=-np.inf) > thr) & (rise >= cfg.min_rise)
+        if not far[w:].any():
+            return n - lo
+        z = np.nan_to_num(zl, nan=np.inf)  # a missing value is not back in band
+        past = np.lib.stride_tricks.sliding_window_view(z, w)[:-1]  # the w observations before each of a+w..n-1
+        recent = np.median(past[:, m:], axis=1)
+        # Back means the gradient norm too, where it is logged: a norm still up is the same incident going on.
+        grad = np.lib.stride_tricks.sliding_window_view(np.where(np.isfinite(zg), zg, -np.inf), m)[w - m:-1]
+        grad_back = np.median(grad, axis=1) <= cfg.z_band  # not logged (all -inf) is no objection
+        centre = np.median(past, axis=1)
+        with np.errstate(invalid="ignore"):  # the standard deviation, swings and all (an infinite one: no test)
+            spread = np.maximum(np.std(past, axis=1), 1.0)
+        new = far[w:] & (recent <= cfg.z_band) & grad_back & ((z[w:] - centre) / spread > thr)
+        hit = np.flatnonzero(new)
+        return int(hit[0]) + w + a - lo if len(hit) else n - lo
 
     def _close(self, ep: Episode, recovered_at: int, loss: np.ndarray) -> None:
         ep.close(recovered_at)

@@ -1018,3 +1018,44 @@ def test_33_an_excursion_soon_after_the_warm_up_of_a_coarse_log_is_not_read_agai
     raised = analyze(rows_table(steps, loss=loss, grad_norm=grad, lr=lr))
     assert [(f.kind, f.severity, f.evidence["lr_ratio"]) for f in raised.findings] == \
         [("divergence", "critical", pytest.approx(5.0))], raised.findings
+
+
+# 34. A new incident inside an excursion that had come back is its own finding, not more of the first.
+
+def _burst_then_bad_batch(seed: int, grad_held: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """An excursion of 12 sigmas for 40 observations from 2000, then a ragged tail back at the trend (every
+    fifth observation 5 sigmas up, so never ``recovery_obs`` in band in a row) and a bad batch of three
+    observations at 40 sigmas at 2106."""
+    n, sigma = 3000, 0.05
+    steps = np.arange(n)
+    loss = _trend(n) + np.random.default_rng(seed).normal(0, sigma, n)
+    grad = grad_curve(n, seed=seed + 20)
+    loss[2000:2040] += 12 * sigma
+    grad[2000:2040] *= 3
+    loss[2040:2106:3] += 6 * sigma
+    if grad_held:
+        grad[2040:2106] *= 3
+    loss[2106:2109] += 40 * sigma
+    grad[2106:2109] *= 3
+    return steps, loss, grad
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_34_a_bad_batch_in_the_ragged_tail_of_an_excursion_is_a_spike_of_its_own(seed: int) -> None:
+    """The tail of a long excursion never completes ``recovery_obs`` in band in a row, but its loss and gradient
+    norm are back (their median in the band); then a bad batch at 40 sigmas. It was read as more of the first
+    excursion, whose onset lies 100 steps before it, so the bad batch had no finding at its own step (seed
+    975218's run 136: an LR burst from 647, a bad batch at 760; seed 843625's run 111). Fails on fc368b8. Now:
+    two spikes, the second at the bad batch, and streaming agrees. Guard: with the gradient norm still up
+    through the tail, the first incident is going on, and it stays one finding."""
+    steps, loss, grad = _burst_then_bad_batch(seed, grad_held=False)
+    report = analyze(rows_table(steps, loss=loss, grad_norm=grad))
+    spikes = [(f.onset_step, f.severity) for f in report.findings if f.kind == "spike"]
+    assert spikes == [(2000, "warning"), (2106, "warning")], spikes
+    live = StreamingAnalyzer(None)
+    for row in rows_table(steps, loss=loss, grad_norm=grad).drop_columns(["main"]).to_pylist():
+        live.update(row)
+    assert live.report().findings == report.findings
+    steps, loss, grad = _burst_then_bad_batch(seed, grad_held=True)
+    held = [f for f in analyze(rows_table(steps, loss=loss, grad_norm=grad)).findings if f.kind == "spike"]
+    assert [(f.onset_step, f.end_step >= 2108) for f in held] == [(2000, True)], held
