@@ -404,7 +404,17 @@ def compare_chart(tables_by_run: Mapping[str, Mapping[str, pa.Table]], columns: 
     return Chart(option, _grid_top(n - 1) + PANEL_HEIGHT + BOTTOM)
 
 
-def run_colors(all_runs: Sequence[str]) -> dict[str, str]:
+def run_colors(all_runs: Sequence[str], picked: Sequence[str] = ()) -> dict[str, str]:
     """A colour per run from its place among all runs of the root (sorted), so a run keeps its colour
-    whatever else is selected."""
-    return {run: RUN_COLORS[i % len(RUN_COLORS)] for i, run in enumerate(sorted(all_runs))}
+    whatever else is selected. A root has more runs than the palette has colours, so two picked runs can
+    share one: the later of them (in that order) takes the first colour no picked run has, and no two
+    lines of an overlay of up to ``len(RUN_COLORS)`` runs look alike."""
+    order = sorted(all_runs)
+    colors = {run: RUN_COLORS[i % len(RUN_COLORS)] for i, run in enumerate(order)}
+    place = {run: i for i, run in enumerate(order)}
+    taken: set[str] = set()
+    for run in sorted((r for r in set(picked) if r in colors), key=place.__getitem__):
+        if colors[run] in taken:
+            colors[run] = next((c for c in RUN_COLORS if c not in taken), colors[run])
+        taken.add(colors[run])
+    return colors

@@ -2,7 +2,8 @@
 
 The before/after view of a fix: the rolled-back run against the original, or
 two configurations side by side. Each run keeps one colour whatever else is
-selected (its place among all the root's runs), the selection lives in the
+selected (its place among all the root's runs; where more runs than colours make two picked runs share
+one, the later takes a free colour), the selection lives in the
 URL (``?runs=a&runs=b``, so the view can be shared), and each run's findings
 are bands in its colour.
 """
@@ -38,11 +39,13 @@ def compare(root_dir: str) -> None:
     if not names:
         st.info(state.how_to_fill(root_dir))
         return
-    colors = charts.run_colors([r["run"] for r in runs])
-    picked = st.multiselect("runs", names, default=names[: min(3, len(names))], key="runs", bind="query-params")
+    picked = st.multiselect("runs", names, default=names[: min(3, len(names))], key="runs", bind="query-params",
+                            max_selections=len(charts.RUN_COLORS),
+                            help=f"Up to {len(charts.RUN_COLORS)} runs, each in a colour of its own.")
     if not picked:
         st.info("Pick one or more runs to overlay.")
         return
+    colors = charts.run_colors([r["run"] for r in runs], picked)
     # Tokens put runs with different batch sizes on one axis; fall back to step if any run lacks them.
     with_tokens = all("tokens" in state.load_columns(root_dir, n, sigs[n]) for n in picked)
     x = "tokens" if with_tokens else "step"

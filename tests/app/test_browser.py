@@ -95,10 +95,25 @@ def branchy_lines() -> list[dict]:
     return lines
 
 
+def slowed_lines(t0: float) -> list[dict]:
+    """400 steps of 0.1 s with steps 200-259 five times slower: a slowdown that came back (a closed finding)."""
+    lines, t = [], t0
+    for s in range(400):
+        t += (0.5 if 200 <= s < 260 else 0.1) * (1 + 0.02 * math.sin(s))
+        lines.append({"step": s, "time": t, "tokens": 1024 * (s + 1), "loss": 2.0 + math.exp(-s / 100),
+                      "grad_norm": 1.0, "lr": 1e-3})
+    return lines
+
+
 @pytest.fixture(scope="module")
 def server(demo_root: Path) -> Iterator[str]:
     write_jsonl_run(demo_root, "live-run", spike_lines(LIVE_STEPS, spike_at=-1, t0=LIVE_T0)[:100])
     write_jsonl_run(demo_root, "branchy", branchy_lines())
+    t0 = time.time() - 1800  # both recorded live (not imported), their last row half an hour ago
+    with StagedWrite(demo_root) as staged:  # what a live Monitor leaves behind: one trainer died, one ended
+        staged.add_metrics("died", 0, 0, metrics_table(spike_lines(200, spike_at=-1, t0=t0)))
+        staged.add_metrics("slowed-done", 0, 0, metrics_table(slowed_lines(t0 - 100)))
+        staged.add_events("slowed-done", 0, 0, [{"event": "note", "step": 399, "time": t0, "status": "finished"}])
     with dashboard_server(demo_root) as url:
         yield url
 
@@ -328,6 +343,49 @@ def test_run_states_and_on_call(server: str, page, demo_root: Path) -> None:
     check = subprocess.run([sys.executable, "-m", "runwatch.app.cli", "check", "--root", str(demo_root),
                             "--run", "demo-diverged", "--json"], capture_output=True, text=True, timeout=180)
     assert json.loads(check.stdout)["silence"]["by"] == "oncall-bob"
+
+
+def test_stalled_and_finished_badges_and_a_closed_slowdown(server: str, page) -> None:
+    """Item 4 in the browser: a live run whose trainer went silent reads "stalled", one that recorded its end
+    reads "finished" (each a shape as well as a colour), and item 1's closed findings of every kind are bands:
+    a slowdown that came back is shaded on the step-time panel as closed."""
+    _open(page, f"{server}/run?run=died")
+    _run_chart(page)
+    heading = page.locator("h2").first.inner_text()
+    assert "⏸ stalled" in heading and "live" not in heading, heading
+    _open(page, f"{server}/run?run=slowed-done")
+    summary = _summary(_run_chart(page))
+    heading = page.locator("h2").first.inner_text()
+    assert "✓ finished" in heading and "stalled" not in heading, heading
+    assert "slowdown (closed)" in summary and "step time" in summary, summary
+
+
+def _canvas_digest(chart) -> str:
+    """A digest of what the chart's canvas shows (the same drawing gives the same pixels)."""
+    return chart.evaluate("""el => { const d = el.querySelector('canvas').toDataURL();
+        let h = 0; for (let i = 0; i < d.length; i++) h = (h * 31 + d.charCodeAt(i)) | 0; return h + ':' + d.length; }""")
+
+
+def test_full_range_clears_a_wheel_zoom(server: str, page) -> None:
+    """Item 3: a wheel zoom on the chart is client-side (no step range in the URL); "full range" still clears
+    it: the chart draws the whole run again, pixel for pixel."""
+    _open(page, f"{server}/run?run=branchy")
+    chart = _run_chart(page)
+    whole = _canvas_digest(chart)
+    box = chart.bounding_box()
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + 120)  # inside the first panel's plot area
+    for _ in range(4):
+        page.mouse.wheel(0, -400)
+        time.sleep(0.2)
+    time.sleep(LIVE_SECONDS + 2)  # a refresh of the page in between keeps the zoom: only the button clears it
+    assert _canvas_digest(chart) != whole  # zoomed in: the axis and the lines moved
+    assert "from=" not in page.url
+    page.get_by_role("button", name="full range").click()
+    _wait_idle(page)
+    deadline = time.time() + 30
+    while (now := _canvas_digest(_run_chart(page))) != whole and time.time() < deadline:
+        time.sleep(0.5)
+    assert now == whole
 
 
 def _every_frame(page, expression: str, seconds: float) -> list:

@@ -185,6 +185,23 @@ def test_validation_loss_is_drawn_beside_the_training_loss(tmp_path) -> None:
     assert "my_metric" in _titles(option)
 
 
+def test_compare_never_draws_two_picked_runs_alike_when_the_root_has_more_runs_than_colours() -> None:
+    """Twelve runs and a palette of ten: run-00 and run-10 share a place modulo ten, and picked together they
+    were drawn in one colour. The later takes the first colour no picked run has; picked alone (or with runs
+    it does not collide with) each keeps its own."""
+    names = [f"run-{i:02d}" for i in range(12)]
+    own = charts.run_colors(names)
+    assert own["run-00"] == own["run-10"]  # the palette wraps: the collision is real
+    both = charts.run_colors(names, ["run-10", "run-00"])
+    assert both["run-00"] == own["run-00"] and both["run-10"] not in {both["run-00"]}
+    assert both["run-10"] == next(c for c in charts.RUN_COLORS if c != own["run-00"])
+    assert charts.run_colors(names, ["run-10", "run-03"])["run-10"] == own["run-10"]
+    ten = names[:5] + names[7:12]  # ten picked, two collisions (00/10, 01/11)
+    picked = charts.run_colors(names, ten)
+    assert len({picked[r] for r in ten}) == len(ten) == len(charts.RUN_COLORS)
+    assert all(picked[r] == own[r] for r in names[:5])
+
+
 def test_compare_keeps_each_runs_colour_whatever_the_selection(spike_store: Store) -> None:
     tables = spike_store.downsample_columns("spiky", ["loss"], x="tokens", num_buckets=50)
     colors = charts.run_colors(["a", "b", "c"])
