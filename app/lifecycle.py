@@ -63,13 +63,15 @@ def main_last_step(segments: Iterable[Mapping]) -> int | None:
 
 
 def as_listed(row: Mapping, store: object) -> dict:
-    """A ``Store.runs()`` row as ``runwatch runs`` lists it, by the rules above: the main line's last step (a run
-    of several segments may have an abandoned branch past it), the state that needs no judgement, and the last
+    """A ``Store.runs()`` row as ``runwatch runs`` lists it, by the rules above: the main line's last step and
+    tokens (a run of several segments may have an abandoned branch past them), the state that needs no judgement, and the last
     update by the run's own clock (``row['last_update']`` is its files' newest change)."""
     run = row["run"]
     state = base_state(store.meta(run), store.events(run))
-    last_step = row["last_step"] if row["num_segments"] == 1 else main_last_step(store.segments(run).to_pylist())
-    return {**row, "state": state, "last_step": last_step,
+    one = row["num_segments"] == 1
+    last_step = row["last_step"] if one else main_last_step(store.segments(run).to_pylist())
+    tokens = row["tokens"] if one or row["tokens"] is None else store.main_tokens(run)
+    return {**row, "state": state, "last_step": last_step, "tokens": tokens,
             "last_update": last_update(row["last_time"], row["last_update"], state)}
 
 

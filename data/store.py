@@ -89,9 +89,12 @@ FROM {_READ} GROUP BY segment ORDER BY segment
 # The (segment, cut step) pairs of ``segment_cuts``, as a table to join on.
 _CUTS = "cut AS (SELECT unnest($cut_segments::INTEGER[]) AS segment, unnest($cut_steps::BIGINT[]) AS cut_step)"
 
+_MAIN = "(cut.cut_step IS NULL OR m.step < cut.cut_step)"
+"""A row ``m`` joined to its segment's ``cut`` is on the main line: the SQL form of ``segment_cuts``' rule."""
+
 _ROWS_SQL = f"""
 WITH m AS (SELECT * EXCLUDE (run) FROM {_READ} WHERE ($rank IS NULL OR rank = $rank)), {_CUTS}
-SELECT m.*, (cut.cut_step IS NULL OR m.step < cut.cut_step) AS main
+SELECT m.*, {_MAIN} AS main
 FROM m LEFT JOIN cut USING (segment)
 WHERE ($lo IS NULL OR m.step >= $lo) AND ($hi IS NULL OR m.step <= $hi)
 ORDER BY m.segment, m.rank, m.step
@@ -106,8 +109,14 @@ FROM {_READ} GROUP BY run ORDER BY run
 # The columns a chart needs, with the main-line flag (the per-bucket envelopes are ``downsample.py``'s).
 _CHART_ROWS_SQL = f"""
 WITH m AS (SELECT segment, rank, step, time, __COLS__ FROM {_READ} WHERE ($rank IS NULL OR rank = $rank)), {_CUTS}
-SELECT m.*, (cut.cut_step IS NULL OR m.step < cut.cut_step) AS main
+SELECT m.*, {_MAIN} AS main
 FROM m LEFT JOIN cut USING (segment)
+"""
+
+# The tokens the main line reached (an abandoned branch may have run further before the resume cut it).
+_MAIN_TOKENS_SQL = f"""
+WITH m AS (SELECT segment, step, tokens FROM {_READ}), {_CUTS}
+SELECT max(m.tokens) AS tokens FROM m LEFT JOIN cut USING (segment) WHERE {_MAIN}
 """
 
 
@@ -180,7 +189,7 @@ WITH m AS (SELECT rank, segment, step, time, __COLS__ FROM {_READ}), {_CUTS},
 v AS (
   SELECT m.rank, m.step, __VALUE__ AS v
   FROM m LEFT JOIN cut USING (segment)
-  WHERE cut.cut_step IS NULL OR m.step < cut.cut_step
+  WHERE {_MAIN}
   WINDOW w AS (PARTITION BY m.rank, m.segment ORDER BY m.step)
 ),
 r AS (SELECT min(step) AS lo, max(step) AS hi FROM v),
@@ -331,6 +340,13 @@ class Store:
         """
         params = {"rank": rank, "lo": lo, "hi": hi, **self._cut_params(run)}
         return self._query_run(_ROWS_SQL, run, params)
+
+    @_consistent
+    def main_tokens(self, run: str) -> int | None:
+        """The most tokens a main-line row records (None when the run records none)."""
+        if "tokens" not in self.columns(run):
+            return None
+        return self._query_run(_MAIN_TOKENS_SQL, run, self._cut_params(run))["tokens"][0].as_py()
 
     def main_line(self, run: str, rank: int | None = 0) -> pa.Table:
         rows = self.rows(run, rank)

@@ -38,11 +38,11 @@ def test_import_runs_and_compact_end_to_end(tmp_path):
 
 def test_runs_lists_the_main_lines_last_step_the_state_and_the_runs_own_clock(tmp_path):
     """`runs` follows the same rules as the overview (``lifecycle``): a run resumed from step 30 after its first
-    segment ran to 50 ends at the new segment's 39, not the abandoned branch's 50; an import is archived and its
+    segment ran to 50 ends at the new segment's 39 (and its tokens), not the abandoned branch's 50; an import is archived and its
     last update is the log's last time, before and after ``compact`` (not the import's or compact's time)."""
-    lines = [{"step": s, "time": 1.7e9 + s, "loss": 3 - s / 100} for s in range(51)]
+    lines = [{"step": s, "time": 1.7e9 + s, "tokens": 100 * (s + 1), "loss": 3 - s / 100} for s in range(51)]
     lines.append({"event": "resume", "step": 30, "checkpoint": "ck/30.pt"})
-    lines += [{"step": s, "time": 1.7e9 + 100 + s, "loss": 3 - s / 100} for s in range(31, 40)]
+    lines += [{"step": s, "time": 1.7e9 + 100 + s, "tokens": 100 * (s + 1), "loss": 3 - s / 100} for s in range(31, 40)]
     log = tmp_path / "log.jsonl"
     log.write_text("".join(json.dumps(line) + "\n" for line in lines))
     root = tmp_path / "root"
@@ -50,6 +50,7 @@ def test_runs_lists_the_main_lines_last_step_the_state_and_the_runs_own_clock(tm
     for _ in range(2):
         [row] = json.loads(_run("runs", "--root", str(root), "--json").stdout)
         assert (row["last_step"], row["state"], row["last_update"]) == (39, "archived", 1.7e9 + 139), row
+        assert row["tokens"] == 4000, row  # the main line's (step 39), not the abandoned branch's 5,100
         assert _run("compact", "--root", str(root)).returncode == 0
     table = _run("runs", "--root", str(root)).stdout.splitlines()
     assert table[0].split()[:3] == ["run", "state", "last"] and table[1].split()[:3] == ["branchy", "archived", "39"]
