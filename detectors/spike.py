@@ -380,8 +380,8 @@ class SpikeScanner:
         The recovery rule wants ``recovery_obs`` in band in a row, so that a ragged tail is not called over too
         soon. A loss whose last ``recovery_obs`` observations sit, as a median, back in the band has come back
         all the same; an observation then past the trigger bar both against the frozen baseline and against
-        the episode's own last ``2 * recovery_obs`` observations (their median, and their spread where it is
-        wider than the frozen scale: a ragged tail's own swings are not new) is what a scan would open an
+        the episode's own last ``2 * recovery_obs`` observations (their median, and their standard deviation
+        where it is wider than the frozen scale: a ragged tail's own swings are not new) is what a scan would open an
         excursion on, the next incident (a bad batch in an LR burst's slow tail), not more of this one."""
         m, cfg = self.cfg.recovery_obs, self.cfg
         w = 2 * m
