@@ -4,7 +4,7 @@
     .venv/bin/python bench/eval_detectors.py --regenerate
     .venv/bin/python bench/eval_detectors.py --realruns  # the real-log table only
     .venv/bin/python bench/eval_detectors.py --set heldout  # the held-out set (bench/evalruns/heldout.py)
-    .venv/bin/python bench/eval_detectors.py --set fresh --seed N [--num-runs R]  # bench/evalruns/fresh.py
+    .venv/bin/python bench/eval_detectors.py --set fresh --seed N [--num-runs R] [--jobs J]  # bench/evalruns/fresh.py
 
 The labelled runs (real tiny CPU training with injected faults, see
 bench/evalruns/) are cached under bench/results/<VERSION>/ (the fresh set:
@@ -266,7 +266,7 @@ def _load(args: argparse.Namespace) -> tuple[Path, dict, str, str]:
         name = result_name(args.seed, args.num_runs or NUM_RUNS)
         if args.regenerate:
             shutil.rmtree(RESULTS / name, ignore_errors=True)
-        root, info, name = load_or_generate_fresh(RESULTS, args.seed, args.num_runs or NUM_RUNS)
+        root, info, name = load_or_generate_fresh(RESULTS, args.seed, args.num_runs or NUM_RUNS, jobs=args.jobs)
         return root, info, name, f"eval_detectors-{name}.md"
     if args.set == "heldout":
         from evalruns.heldout import VERSION as version
@@ -291,11 +291,15 @@ def main(argv: list[str] | None = None) -> int:
                              "and labelled by a counterfactual twin")
     parser.add_argument("--seed", type=int, help="the fresh set's seed (required with --set fresh)")
     parser.add_argument("--num-runs", type=int, help="the fresh set's first R runs only (default 150)")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="train a fresh set's runs in this many processes, one thread each (default 1)")
     args = parser.parse_args(argv)
     if args.set == "fresh" and args.seed is None:
         parser.error("--set fresh needs --seed N")
     if args.num_runs is not None and args.num_runs < 1:
         parser.error("--num-runs must be at least 1")
+    if args.jobs < 1:
+        parser.error("--jobs must be at least 1")
     if args.realruns:
         import tempfile
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ast
 import gzip
+import multiprocessing
 import hashlib
 import json
 import time
@@ -77,6 +78,25 @@ def train_pair(run: draws.FreshRun, cache_dir: Path) -> tuple[tuple[list, list],
     return faulty, twin
 
 
+def _train_worker_init() -> None:
+    torch.set_num_threads(1)  # one thread per worker, as in one process: the same numbers either way
+
+
+def _train_one(args: tuple[draws.FreshRun, Path]) -> str:
+    run, cache_dir = args
+    train_pair(run, cache_dir)
+    return run.spec.run
+
+
+def prefill_cache(runs: list[draws.FreshRun], cache_dir: Path, jobs: int) -> None:
+    """Train the runs' pairs into the cache in ``jobs`` processes (each run is independent and trained on one
+    thread, so the cache holds what one process would write); the labelling pass then reads them in order."""
+    todo = [(run, cache_dir) for run in runs]
+    with multiprocessing.get_context("spawn").Pool(jobs, initializer=_train_worker_init) as pool:
+        for _ in pool.imap_unordered(_train_one, todo):
+            pass
+
+
 def _segments(rows: list[dict], events: list[dict]) -> np.ndarray:
     seg = np.zeros(len(rows), dtype=int)
     for ev in events:
@@ -126,14 +146,17 @@ def describe(lr: LabelledRun, run: draws.FreshRun) -> dict:
 
 
 def generate_fresh(out_dir: Path, seed: int, num_runs: int = NUM_RUNS, *, cache_dir: Path,
-                   verbose: bool = True) -> dict:
-    """Train (or take from the cache), label and store the runs of one seed under ``out_dir``."""
+                   verbose: bool = True, jobs: int = 1) -> dict:
+    """Train (or take from the cache; in ``jobs`` processes when more than one), label and store the runs of
+    one seed under ``out_dir``."""
     torch.set_num_threads(1)
     root = out_dir / "store"
     root.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     described, num_rows = [], 0
     runs = fresh_runs(seed, num_runs)
+    if jobs > 1:
+        prefill_cache(runs, cache_dir, jobs)
     for k, run in enumerate(runs):
         faulty, twin = train_pair(run, cache_dir)
         lr, rows, events = label(run, faulty, twin)
@@ -156,7 +179,7 @@ def result_name(seed: int, num_runs: int = NUM_RUNS) -> str:
 
 
 def load_or_generate_fresh(results_dir: Path, seed: int, num_runs: int = NUM_RUNS, *,
-                           verbose: bool = True) -> tuple[Path, dict, str]:
+                           verbose: bool = True, jobs: int = 1) -> tuple[Path, dict, str]:
     """The cached fresh set of ``seed`` (generated on first use); returns (store root, info, set name)."""
     name = result_name(seed, num_runs)
     out_dir = results_dir / name
@@ -164,10 +187,10 @@ def load_or_generate_fresh(results_dir: Path, seed: int, num_runs: int = NUM_RUN
     if labels.exists():
         return out_dir / "store", json.loads(labels.read_text()), name
     if verbose:
-        print(f"generating fresh seed {seed} ({num_runs} runs) into {out_dir} (real CPU training, one thread)...",
-              flush=True)
+        print(f"generating fresh seed {seed} ({num_runs} runs) into {out_dir} (real CPU training, one thread "
+              f"per process, {jobs} process{'es' if jobs > 1 else ''})...", flush=True)
     info = generate_fresh(out_dir, seed, num_runs, cache_dir=results_dir / "fresh-train-cache" / f"seed{seed}",
-                          verbose=verbose)
+                          verbose=verbose, jobs=jobs)
     return out_dir / "store", info, name
 
 

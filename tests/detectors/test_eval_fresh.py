@@ -163,7 +163,8 @@ def test_label_rules_reject_inverted_thresholds() -> None:
 
 
 def test_a_seed_generates_the_same_store_and_labels_byte_for_byte(tmp_path: Path) -> None:
-    """Seed 446's first two runs are short (a clean fp16 run and an fp16 slowdown + overflow burst)."""
+    """Seed 446's first two runs are short (a clean fp16 run and an fp16 slowdown + overflow burst); trained in
+    one process and again in two (``--jobs 2``), the labels are the same bytes."""
     import json
 
     from evalruns.fresh import generate_fresh
@@ -172,7 +173,8 @@ def test_a_seed_generates_the_same_store_and_labels_byte_for_byte(tmp_path: Path
 
     texts = []
     for k in range(2):  # separate training caches: the second trains again, it does not read the first
-        info = generate_fresh(tmp_path / f"out{k}", 446, 2, cache_dir=tmp_path / f"cache{k}", verbose=False)
+        info = generate_fresh(tmp_path / f"out{k}", 446, 2, cache_dir=tmp_path / f"cache{k}", verbose=False,
+                              jobs=1 + k)
         texts.append((tmp_path / f"out{k}" / "labels.json").read_bytes())
     assert texts[0] == texts[1]
     assert json.loads(texts[0]) == info and [r["run"] for r in info["runs"]] == ["f446-000", "f446-001"]
