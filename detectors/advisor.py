@@ -23,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from runwatch.detectors.config import AdviceConfig, LRConfig
+from runwatch.detectors.core import MAD_TO_SIGMA
 from runwatch.detectors.divergence import act_growth_start, answers_the_schedule
 from runwatch.detectors.finding import Finding, Rollback, SegmentInfo
 from runwatch.detectors.registry import NO_ROLLBACK_KINDS
@@ -74,11 +75,11 @@ CONTRACT = ("a checkpoint at step s holds the update of step s, and the first ba
 
 
 def _health(ckpt_step: int, main: dict[str, np.ndarray], findings: list[Finding],
-            window: int, climb_ratio: float, lrc: LRConfig) -> tuple[bool, str, int | None]:
+            cfg: AdviceConfig, lrc: LRConfig) -> tuple[bool, str, int | None]:
     """OPT criteria over the observations up to the checkpoint: (healthy, why, start of an act-norm climb or None)."""
     steps = main["step"]
     upto = int(np.searchsorted(steps, ckpt_step, side="right"))
-    lo = max(0, upto - window)
+    lo = max(0, upto - cfg.health_window)
     for name in ("loss", "act_norm"):
         v, present = main[name][lo:upto], main[name + "_present"][lo:upto]
         if (present & ~np.isfinite(v)).any():
@@ -91,15 +92,16 @@ def _health(ckpt_step: int, main: dict[str, np.ndarray], findings: list[Finding]
         # Inside an incident (or at the step before its first bad value, which may hold its update).
         if f.kind not in NO_ROLLBACK_KINDS and f.severity != "info" and f.onset_step - 1 <= ckpt_step <= f.end_step:
             return False, f"inside the {f.kind} from step {f.onset_step}", None
-    growth = _climb(main, ckpt_step + 1, climb_ratio, lrc)
+    growth = _climb(main, ckpt_step + 1, cfg, lrc)
     if growth is not None:
         return False, f"activation norm climbing since step {growth}", growth
     return True, HEALTHY, None
 
 
-def _climb(main: dict[str, np.ndarray], before_step: int, ratio: float, lrc: LRConfig) -> int | None:
+def _climb(main: dict[str, np.ndarray], before_step: int, cfg: AdviceConfig, lrc: LRConfig) -> int | None:
     """Start of an activation-norm climb into ``before_step`` (after the warm-up) that has multiplied the norm by
-    ``ratio`` by then: OPT's precursor. A small model's natural growth of tens of percent is no precursor."""
+    ``cfg.act_climb_ratio`` by then: OPT's precursor. A small model's natural growth of tens of percent is no
+    precursor, nor is growth that came with learning (``_learning``)."""
     steps, act = main["step"], main["act_norm"]
     start = _not_the_schedules(act_growth_start(steps, act, before_step), main, lrc)
     if start is None:
@@ -109,7 +111,23 @@ def _climb(main: dict[str, np.ndarray], before_step: int, ratio: float, lrc: LRC
     a, b = a[np.isfinite(a)], b[np.isfinite(b)]
     if not len(a) or not len(b) or np.median(a) <= 0:
         return None
-    return start if float(np.median(b) / np.median(a)) >= ratio else None
+    if _learning(main["loss"][i:j], cfg):
+        return None
+    return start if float(np.median(b) / np.median(a)) >= cfg.act_climb_ratio else None
+
+
+def _learning(loss: np.ndarray, cfg: AdviceConfig) -> bool:
+    """Did the loss fall over a climb, beyond its noise? The median of its first and of its last
+    ``cfg.learning_obs`` finite values, in standard errors of a difference of two such medians (1.2533 sigma /
+    sqrt(n) each; sigma from the loss's successive differences, blind to the trend)."""
+    loss = loss[np.isfinite(loss)]
+    n = cfg.learning_obs
+    if len(loss) < 2 * n:
+        return False
+    d = np.diff(loss)
+    sigma = MAD_TO_SIGMA * float(np.median(np.abs(d - np.median(d)))) / np.sqrt(2.0)
+    fall = float(np.median(loss[:n]) - np.median(loss[-n:]))
+    return fall > cfg.learning_z * np.sqrt(2.0) * 1.2533 * sigma / np.sqrt(n)
 
 
 def _not_the_schedules(growth: int | None, main: dict[str, np.ndarray], lrc: LRConfig) -> int | None:
@@ -157,15 +175,15 @@ def _on_main_line(ckpt: dict, segments: list[SegmentInfo]) -> bool:
 
 
 def _choose(checkpoints: list[dict], cutoff: int, main: dict[str, np.ndarray], findings: list[Finding],
-            present_paths: set[str] | None, segments: list[SegmentInfo], climb_ratio: float,
-            window: int, lrc: LRConfig) -> tuple[dict | None, dict | None, list[dict], int]:
+            present_paths: set[str] | None, segments: list[SegmentInfo], cfg: AdviceConfig,
+            lrc: LRConfig) -> tuple[dict | None, dict | None, list[dict], int]:
     """(chosen, the better one that is gone, rejected with reasons latest first, the final cutoff step)."""
     rejected, missing = [], None
     for ckpt in reversed([c for c in checkpoints if c["step"] < cutoff and _on_main_line(c, segments)]):
         if ckpt["step"] >= cutoff:  # a climb found on a later checkpoint moved the cutoff back
             rejected.append({"step": ckpt["step"], "why": f"after the activation-norm climb from step {cutoff}"})
             continue
-        healthy, why, growth = _health(ckpt["step"], main, findings, window, climb_ratio, lrc)
+        healthy, why, growth = _health(ckpt["step"], main, findings, cfg, lrc)
         if not healthy:
             rejected.append({"step": ckpt["step"], "why": why})
             # The climb into a rejected checkpoint began at ``growth``: a checkpoint taken after that
@@ -249,11 +267,11 @@ def advise(findings: list[Finding], checkpoints: list[dict], main: dict[str, np.
                 "last_healthy_step": healthy_step}
     lrc = lr_config or LRConfig()
     growth = (_not_the_schedules(target.evidence.get("act_norm_climb_step"), main, lrc)
-              or _climb(main, onset, cfg.act_climb_ratio, lrc))
+              or _climb(main, onset, cfg, lrc))
     if growth is not None and growth <= cutoff:
         cutoff, evidence["act_norm_growth_from"] = growth, growth
     chosen, missing, rejected, walked = _choose(checkpoints, cutoff, main, findings, present_paths, segments or [],
-                                                cfg.act_climb_ratio, cfg.health_window, lrc)
+                                                cfg, lrc)
     if walked < cutoff:
         cutoff = evidence["act_norm_growth_from"] = walked
     skip, positions = skip_window(chosen["step"] if chosen else None, target, main, cfg)

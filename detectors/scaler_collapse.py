@@ -57,6 +57,7 @@ class ScalerScanner:
         self.episode: dict | None = None
         self.closed: list[dict] = []
         self.all_skips = Grow()  # skipped steps on every row so far
+        self.own_skip = Grow(np.bool_)  # per row: its skip is its own logged step (flagged, no halving before it)
         self.intervals = Grow()  # the growth interval in force at every row
         self.chain: dict | None = None  # the halving chain in progress
         self.chain_closed: list[dict] = []
@@ -69,8 +70,9 @@ class ScalerScanner:
         n, lo = len(steps), self.pos
         if n <= lo:
             return
-        skips, grew_at, interval = self._skips(lo, n, obs)
+        skips, grew_at, interval, own = self._skips(lo, n, obs)
         self.all_skips.extend(skips)
+        self.own_skip.extend(own)
         self.intervals.extend(interval)
         self._chains(lo, n, steps, scale)
         prev = np.concatenate([[self.prev_step if self.prev_step is not None else int(steps[lo]) - 1], steps[lo:n - 1]])
@@ -115,7 +117,9 @@ class ScalerScanner:
             if ch is not None and ch["calibration"] and since >= self.cfg.calibration_steps:
                 ch = self.chain = None  # the opening calibration is over: a later halving starts a chain of its own
             if ch is None:
-                ch = self.chain = {"first": i, "last_skip": i, "min": now, "min_i": i,
+                # A flagged row's own skip shows as a halving on the next row: the chain began at that skip.
+                first = i - 1 if i > 0 and self.own_skip.view[i - 1] else i
+                ch = self.chain = {"first": first, "last_skip": i, "min": now, "min_i": i,
                                    "before": before, "ref": min(before, self._ceiling(i, steps)),
                                    "num_skipped": 0.0, "halvings": 0.0,
                                    "calibration": not self.chain_grew and since < self.cfg.calibration_steps}
@@ -141,9 +145,9 @@ class ScalerScanner:
         past = self.drop_scale.view[int(np.searchsorted(self.drop_step.view, since)):]
         return float(np.median(past)) if len(past) else math.inf
 
-    def _skips(self, lo: int, n: int, obs: Observations) -> tuple[np.ndarray, int, np.ndarray]:
+    def _skips(self, lo: int, n: int, obs: Observations) -> tuple[np.ndarray, int, np.ndarray, np.ndarray]:
         """Skipped steps on each row (the flag or the halvings of the logged scale), the first growth row,
-        and the growth interval in force at each row."""
+        the growth interval in force at each row, and whether a row's skip is its own logged step alone."""
         scale = obs["loss_scale"][lo:n]
         known = np.concatenate([[self.prev_scale], scale])
         idx = np.maximum.accumulate(np.where(np.isfinite(known), np.arange(len(known)), 0))
@@ -160,6 +164,7 @@ class ScalerScanner:
         # own (the scale a row logs is the one its step ran with: that skip's halving shows on the next row).
         prev = np.concatenate([[self.prev_flag], flag[:-1]])
         skips = np.maximum(flag, halvings - prev)
+        own = (flag > 0) & (halvings - prev <= 0)
         if len(flag):
             self.prev_flag = float(flag[-1])
         grew_at = lo if self.grew else (lo + int(grown[0]) if len(grown) else n)
@@ -180,7 +185,7 @@ class ScalerScanner:
                 self.last_drop_step = int(steps[i])
         if np.isfinite(scale).any():
             self.prev_scale = float(scale[np.isfinite(scale)][-1])
-        return skips, grew_at, interval
+        return skips, grew_at, interval, own
 
     def _change_points(self, s: np.ndarray, zero: np.ndarray, skips: np.ndarray, lo: int) -> np.ndarray:
         """The first skipped row after the sum was last 0, at every row (the CUSUM's change-point estimate)."""
@@ -237,7 +242,9 @@ class ScalerScanner:
         if len(cand) <= 1:
             return int(cand[0]) if len(cand) else zero_next
         k = np.cumsum(skips[::-1])[::-1][skips > 0]  # skips from each candidate to the alarm
-        prev = np.where(cand > 0, steps[np.maximum(cand - 1, 0)], steps[cand] - 1)
+        # A candidate's skips happened somewhere since the row before, unless the row's skip is its own logged
+        # step (flagged, no halving before it): then the change is at that very step.
+        prev = np.where((cand > 0) & ~self.own_skip.view[cand], steps[np.maximum(cand - 1, 0)], steps[cand] - 1)
         m = np.maximum(steps[alarm] - prev, k)
         p0 = min(1.0 / float(self.intervals.view[alarm]), self.cfg.skip_rate / 2)
         p = np.clip(k / m, p0, 1 - 1e-12)

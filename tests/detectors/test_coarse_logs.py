@@ -100,10 +100,14 @@ def test_act_norm_rising_since_the_first_observations_is_early_training_not_a_pr
     assert start is not None and 60 <= start <= 100
 
 
-def _nan_after_act_rise(lr: np.ndarray) -> int | None:
+def _nan_after_act_rise(lr: np.ndarray, learning: bool = False) -> int | None:
+    """A NaN at 114 after the activation norm climbed 4x from step 30; the loss flat through the climb (OPT's
+    precursor: growth that buys nothing) or, with ``learning``, falling through it as training goes on."""
     n = 134
     steps = np.arange(n)
     loss, grad = loss_curve(n, noise=0.01), grad_curve(n)
+    if not learning:
+        loss = np.where(steps < 30, loss, 3.0 + 2.0 * np.exp(-30 / 300) + (loss - loss_curve(n, noise=0.0)))
     act = np.where(steps < 30, 1.0, 1.0 + (steps - 30) * 0.04)  # activations climbing from step 30
     loss[114:], grad[114:], act[114:] = np.nan, np.nan, np.nan
     rows = rows_table(steps, loss=loss, grad_norm=grad, act_norm=act, lr=lr)
@@ -117,6 +121,14 @@ def test_act_norm_climb_inside_the_lr_warmup_is_not_walked_back_over() -> None:
     steps = np.arange(134)
     assert _nan_after_act_rise(3e-3 * np.minimum(steps + 1, 150) / 150) == 100  # nanoGPT-style 150-step warm-up
     assert _nan_after_act_rise(np.full(134, 3e-3)) is None  # same climb at a constant LR: a precursor from step ~30
+
+
+def test_an_act_norm_climb_the_loss_fell_through_is_learning_not_a_precursor() -> None:
+    """Seed 260854's run 087: after the warm-up the activation norm grew 1.7 -> 5.1 while the loss fell 4.0 ->
+    3.07, and every checkpoint before a later fault was refused as inside OPT's precursor."""
+    lr = np.full(134, 3e-3)
+    assert _nan_after_act_rise(lr) is None  # the loss flat through the climb: walked back before it
+    assert _nan_after_act_rise(lr, learning=True) == 100  # the loss falling through it: the checkpoint before the NaN
 
 
 def test_scaler_chain_gap_counts_steps_on_a_coarse_log() -> None:
@@ -143,3 +155,22 @@ def test_scaler_halving_on_every_row_of_a_100_step_log_is_still_one_chain() -> N
         scale[i:] /= 2  # one halving per logged row, 100 steps apart
     [f] = detect_scaler_collapse(steps, scale)
     assert f.onset_step == 20000 and f.evidence["halvings"] == 6
+
+
+def test_a_collapse_begins_at_the_flagged_skip_whose_halving_the_next_row_shows() -> None:
+    """Seed 260854's run 062 (logged every 10 steps): row 840 is flagged skipped at the scale it ran with, the
+    next row shows 10 halvings. The first skipped step is 840 (the onset the rollback counts back from), not the
+    row where the scale first looks lower; per-step logs alike."""
+    from runwatch.detectors.scaler_collapse import detect_scaler_collapse
+
+    for every in (10, 1):
+        steps = np.arange(0, 1000, every)
+        scale = np.full(len(steps), 16384.0)
+        flag = np.zeros(len(steps), bool)
+        at = int(np.searchsorted(steps, 840))
+        flag[at:] = True  # every step from 840 on skipped...
+        scale[at + 1:] = 16384.0 / 2.0 ** np.minimum(np.arange(1, len(steps) - at) * every, 14)  # ...halving each
+        scale = np.maximum(scale, 1.0)  # pinned at the minimum of 1
+        [f] = detect_scaler_collapse(steps, scale, found_inf=flag, meta={"scaler": {"growth_interval": 100}})
+        assert f.onset_step == 840, (every, f.onset_step)
+        assert f.needs_action
