@@ -161,13 +161,26 @@ def trained_level(steps: np.ndarray, lr: np.ndarray, lrc: LRConfig) -> float:
 
 def warm_restart(lr: np.ndarray, low: int, first: int, trained_max: float, lrc: LRConfig) -> bool:
     """Row ``first`` is one step from row ``low`` back up to a level the run already trained at (``trained_max``,
-    within ``restart_slack``), and the row after it is no higher (a restart decays or holds from its first row; a
-    ramp passing through the old levels on its way up goes on rising): the schedule's warm restart, not a raise
-    that could cause a divergence."""
+    within ``restart_slack``), the LR fell into that step, and the row after it is no higher: the schedule's
+    warm restart, not a raise that could cause a divergence.
+
+    A restart ends a decay (SGDR anneals the LR down, then restarts it), so within the ``lag_rows`` rows up to
+    ``low`` the LR stood ``flat`` x above it; a step up from a level held flat that long (a step schedule's
+    decayed LR, a constant one) is a change, not the schedule (seed 260854's run 141: x7.9 back up to 0.8 of
+    the peak, 55 steps after a step decay, read as a restart). A restart decays or holds from its first row; a
+    ramp passing through the old levels on its way up goes on rising."""
     after = lr[first + 1:first + 2]
     with np.errstate(invalid="ignore"):
         return bool(lr[first] >= lrc.raise_factor * lr[low] and lr[first] <= lrc.restart_slack * trained_max
-                    and not np.any(after > lrc.flat * lr[first]))
+                    and fell_into(lr, low, lrc) and not np.any(after > lrc.flat * lr[first]))
+
+
+def fell_into(lr: np.ndarray, low: int, lrc: LRConfig) -> bool:
+    """The LR decayed into row ``low``: within the ``lag_rows`` rows up to it, it stood ``flat`` x above its value
+    there (``warm_restart``: a restart ends a decay)."""
+    before = lr[max(0, low - lrc.lag_rows):low + 1]
+    with np.errstate(invalid="ignore"):
+        return bool(np.any(before >= lrc.flat * lr[low]))
 
 
 def lr_step_before(lr: np.ndarray, onset: int, history: int, lrc: LRConfig) -> int | None:

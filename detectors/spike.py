@@ -44,6 +44,7 @@ from runwatch.detectors.core import (
 from runwatch.detectors.divergence import (
     LR_BEFORE_ROWS,
     cause_start,
+    fell_into,
     first_consequence,
     in_warmup,
     lr_before,
@@ -510,8 +511,9 @@ def _lr_story(steps: np.ndarray, lr: np.ndarray, onset: int, end: int, history: 
     rise_at = first + int(rise[0]) if len(rise) else onset
     earlier = trained_level(steps[history:rise_at], lr[history:rise_at], lrc)  # the highest LR the run trained at before this rise
     held = lr[onset:onset + patience]
-    # The schedule: the LR went back to a level the run already trained at and stayed there (a warm restart).
-    scheduled = bool(raised and lr_cause <= lrc.restart_slack * earlier
+    # The schedule: the LR decayed, then went back to a level the run already trained at and stayed there (a warm
+    # restart; a step up from a level held flat is a change, ``warm_restart``).
+    scheduled = bool(raised and lr_cause <= lrc.restart_slack * earlier and fell_into(lr, max(rise_at - 1, 0), lrc)
                      and len(held) >= patience and np.all(held >= 0.5 * lr_cause))
     restart = restart_before(steps, lr, onset, end, lrc, history)
     # The last step up within the lag, ended or not (outside the opening warm-up): evidence a shift has a cause.

@@ -624,6 +624,11 @@ def test_18_a_blip_that_spans_several_observations_is_not_called_one_step() -> N
 
 # 19. A loss that rises some rows after the schedule's warm restart and comes back is the schedule.
 
+def _sgdr(peak: float, t: np.ndarray, period: int) -> np.ndarray:
+    """Cosine annealing with warm restarts (SGDR, PyTorch's CosineAnnealingWarmRestarts) from ``peak`` down to
+    eta_min = 0.05 ``peak`` over each ``period``, then straight back up: the fresh sets' ``cosine_restarts``."""
+    return peak * (0.05 + 0.475 * (1 + np.cos(np.pi * (t % period) / period)))
+
 def _after_restart(lr_case: str, shape: str, seed: int) -> Report:
     """Cosine with warm restarts (every 500 steps after a 100-step warm-up, back to the peak LR); 12 steps after
     the restart at 1100 the loss rises (a jump of 12 sigmas that decays, or a climb over 120 steps and back) and
@@ -631,9 +636,7 @@ def _after_restart(lr_case: str, shape: str, seed: int) -> Report:
     for five steps, then back down), 'above' (3x past the peak the run trained at) or 'none' (the decay goes on)."""
     n, peak = 1600, 3e-3
     steps = np.arange(n)
-    lr = np.where(steps < 100, peak * (steps + 1) / 100,
-                  peak * 0.5 * (1 + np.cos(np.pi * ((steps - 100) % 500) / 500)))
-    lr = np.maximum(lr, 0.05 * peak)
+    lr = np.where(steps < 100, peak * (steps + 1) / 100, _sgdr(peak, steps - 100, 500))
     if lr_case in ("burst", "none"):
         lr[1100:] = lr[1099] * np.linspace(1, 0.95, n - 1100)
     if lr_case == "burst":
@@ -876,9 +879,7 @@ def test_28_a_norm_climb_after_a_warm_restart_does_not_walk_the_rollback_back() 
     n, peak = 1400, 3e-3
     steps = np.arange(n)
     for restart, want in ((True, 1090), (False, 950)):
-        lr = np.where(steps < 100, peak * (steps + 1) / 100,
-                      peak * 0.5 * (1 + np.cos(np.pi * ((steps - 100) % 300) / 300)))
-        lr = np.maximum(lr, 0.05 * peak)
+        lr = np.where(steps < 100, peak * (steps + 1) / 100, _sgdr(peak, steps - 100, 300))
         if not restart:
             lr[1000:] = lr[999] * np.linspace(1, 0.9, n - 1000)
         lr[1100:] *= 40
@@ -1059,3 +1060,27 @@ def test_34_a_bad_batch_in_the_ragged_tail_of_an_excursion_is_a_spike_of_its_own
     steps, loss, grad = _burst_then_bad_batch(seed, grad_held=True)
     held = [f for f in analyze(rows_table(steps, loss=loss, grad_norm=grad)).findings if f.kind == "spike"]
     assert [(f.onset_step, f.end_step >= 2108) for f in held] == [(2000, True)], held
+
+
+# 35. A step back up from a decayed LR held flat is a raise, not the schedule's warm restart.
+
+@pytest.mark.parametrize("seed", range(3))
+def test_35_a_jump_back_up_from_a_step_schedules_held_lr_is_a_cause_not_a_restart(seed: int) -> None:
+    """A step schedule (x0.1 at 1200, held), then at 1300 the LR x7.9, back to 0.79 of the peak the run trained
+    at, and the loss lifted for good. A warm restart ends a decay (SGDR anneals the LR down, then restarts); a
+    step up from a level held flat for ``lag_rows`` rows is a change. It was read as a restart, so the lift was
+    an 'info' "(the schedule)" and no advice was given (seed 260854's run 141). Fails on 71736cd. Guard: the
+    same jump at the end of an SGDR decay is the schedule (test 19)."""
+    n, peak = 1600, 3e-3
+    steps = np.arange(n)
+    lr = np.where(steps < 100, peak * (steps + 1) / 100, peak)
+    lr[1200:] *= 0.1
+    lr[1300:] *= 7.9
+    loss = loss_curve(n, seed=seed, noise=0.05)
+    loss[1301:] += 0.5 * (1 - np.exp(-np.arange(n - 1301) / 10))
+    report = analyze(rows_table(steps, loss=loss, grad_norm=grad_curve(n, seed=seed + 10), lr=lr),
+                     _ckpts(list(range(100, n, 100))))
+    [f] = _alarms(report)
+    assert f.kind == "divergence" and f.needs_action and not f.evidence.get("lr_scheduled"), f
+    assert 1300 <= f.onset_step <= 1302, f
+    assert report.rollback is not None and report.rollback.checkpoint_step == 1200, report.rollback
