@@ -117,9 +117,7 @@ class ScalerScanner:
             if ch is not None and ch["calibration"] and since >= self.cfg.calibration_steps:
                 ch = self.chain = None  # the opening calibration is over: a later halving starts a chain of its own
             if ch is None:
-                # A flagged row's own skip shows as a halving on the next row: the chain began at that skip.
-                first = i - 1 if i > 0 and self.own_skip.view[i - 1] else i
-                ch = self.chain = {"first": first, "last_skip": i, "min": now, "min_i": i,
+                ch = self.chain = {"first": i, "last_skip": i, "min": now, "min_i": i,
                                    "before": before, "ref": min(before, self._ceiling(i, steps)),
                                    "num_skipped": 0.0, "halvings": 0.0,
                                    "calibration": not self.chain_grew and since < self.cfg.calibration_steps}
