@@ -109,9 +109,9 @@ def merge_overlaps(findings: list[Finding], cfg: DetectorConfig = DEFAULT) -> li
     starts inside a NaN episode is that NaN (the scaler skips non-finite steps).
     """
     out = [_as_divergence(f, cfg) if _diverged(f, cfg) else f for f in findings]
-    # The LR change-point test is the fallback for a lift nothing else saw: where another divergence covers
-    # the raise, that one (its climb or jump, its LR story and advice) is the finding.
-    out = [f for f in out if not (f.evidence.get("rule") == "lr_change_point" and any(
+    # The LR change-point tests are the fallback for a lift nothing else saw: where another divergence covers
+    # the raise or the burst, that one (its climb or jump, its LR story and advice) is the finding.
+    out = [f for f in out if not (f.evidence.get("rule") in ("lr_change_point", "lr_burst_change_point") and any(
         o is not f and o.kind == "divergence" and overlaps(f, o) for o in out))]
     # Once weights or values are non-finite an fp16 scaler skips every step: that collapse is the NaN's echo.
     nans = [f for f in out if f.kind == "nan"]

@@ -214,9 +214,16 @@ class DivergenceConfig:
     (DETECTION.md section 2) is found."""
     lr_shift_obs: int = 8
     """Observations after the rise before the test speaks (one block; the level after is their median)."""
+    lr_burst_windows: tuple[int, ...] = (1, 2, 4)
+    """An LR burst (a step up that comes back down within ``LRConfig.lag_rows``) is a known change point too:
+    the loss after it is tested the same way, over windows of these many ``lr_shift_obs`` rows from its first
+    consequence (the best of the three). A burst of a few updates lifts the loss for a few rows to tens (6-48 on
+    fresh seeds 368521, 866182, 709008), and a median over a window much longer than the lift does not see it.
+    Three looks at the 4-standard-error bar stay far inside the budget, and a healthy run has no burst."""
     def __post_init__(self) -> None:
         _check(self.min_rise > 0 and self.z_rise > 0, "min_rise and z_rise must be > 0")
         _check(self.lr_shift_z > 0 and self.lr_shift_obs >= 4, "need lr_shift_z > 0 and lr_shift_obs >= 4")
+        _check(len(self.lr_burst_windows) > 0 and min(self.lr_burst_windows) >= 1, "lr_burst_windows must be >= 1")
         _check(self.rising_blocks >= 2, "rising_blocks must be >= 2")
         _check(0 < self.sustained <= 1, "sustained must be in (0, 1]")
 

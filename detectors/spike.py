@@ -48,13 +48,14 @@ from runwatch.detectors.divergence import (
     first_consequence,
     in_warmup,
     lr_before,
+    lr_burst_shifts,
     lr_jump_inside,
     lr_step_before,
     restart_before,
     trained_level,
 )
 from runwatch.detectors.finding import Finding, fmt_value
-from runwatch.detectors.scanner import Observations, ScanContext
+from runwatch.detectors.scanner import Observations, ScanContext, own_findings
 
 SCAN_CHUNK = 32768
 """Most observations scanned or followed per pass (any chunking gives the same findings)."""
@@ -464,8 +465,12 @@ class SpikeScanner:
 
     def findings(self, obs: Observations) -> list[Finding]:
         items = list(self.closed) + ([self.episode] if self.episode is not None else [])
-        out = [classify(self, ep, obs) for ep in items]
-        return [f for f in out if f is not None]
+        out = [f for f in (classify(self, ep, obs) for ep in items) if f is not None]
+        # An LR burst is a known change point: a lift after it that no excursion above covers is its own finding.
+        bursts = lr_burst_shifts(obs, self.ctx.history, self.ctx.config, self.ctx.segment)
+        out += [b for b in own_findings(bursts, obs["step"], self.ctx.history)
+                if not any(f.onset_step <= b.end_step and b.onset_step <= f.end_step for f in out)]
+        return sorted(out, key=lambda f: f.onset_step)
 
 
 def _lr_story(steps: np.ndarray, lr: np.ndarray, onset: int, end: int, history: int, patience: int, lrc: LRConfig,
