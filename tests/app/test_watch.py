@@ -192,11 +192,14 @@ def test_watch_pages_no_acknowledged_finding_and_nothing_while_a_run_is_silenced
         train_run(root, "muted", 60, nan_at=45, ckpt_dir=ckpt, seed=1)
         ack = _cli("ack", "--root", str(root), "--run", "acked", "--kind", "nan", "--by", "ana", "--note", "rolling back")
         assert ack.returncode == 0, ack.stderr
-        silence = _cli("silence", "--root", str(root), "--run", "muted", "--for", "4s", "--by", "bo")
+        # Long enough that the first pass runs inside it on a loaded machine (each CLI call starts a Python;
+        # with 4 s a CI run whose cores were busy paged the run after its silence had already ended).
+        silence = _cli("silence", "--root", str(root), "--run", "muted", "--for", "15s", "--by", "bo")
+        silenced_at = time.monotonic()  # the silence ends at most 15 s from here (the CLI set it before returning)
         assert silence.returncode == 0, silence.stderr
         assert _once(root, hook).returncode == 1  # both still need action: the exit status says so
         assert _nan_titles(hook) == []
-        time.sleep(4.5)  # the silence ends; the acknowledgement does not
+        time.sleep(max(0.0, silenced_at + 15.5 - time.monotonic()))  # the silence ends; the acknowledgement does not
         assert _once(root, hook).returncode == 1
         assert _nan_titles(hook) == ["[runwatch] ACTION muted: nan"]
         assert _once(root, hook).returncode == 1 and _nan_titles(hook) == ["[runwatch] ACTION muted: nan"]
