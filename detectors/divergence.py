@@ -673,10 +673,9 @@ def lr_burst_shifts(obs: Observations, history: int, config: object, segment: in
             continue
         if warm_restart(lr, a - 1, a, trained_level(steps[history:a], lr[history:a], lrc), lrc):
             continue  # the schedule's restart: the loss answering it is the schedule's (``restart_before``)
-        lasting = hi == n  # lifted up to the data's end: not seen to come back (yet)
+        lasting, end = hi == n, hi - 1  # lifted up to the data's end: not seen to come back (yet)
         span = np.where(np.isfinite(loss[c:hi]), loss[c:hi], -np.inf)
         peak = c + int(np.argmax(span))
-        end = n - 1 if lasting else hi - 1
         before_lr, burst_lr = float(lr[a - 1]), float(np.nanmax(lr[a:back]))
         evidence = {"rule": "lr_burst_change_point", "lr_rise_step": int(steps[a]), "lr_back_step": int(steps[back]),
                     "lr_before": before_lr, "lr_at_onset": burst_lr, "lr_ratio": burst_lr / before_lr,
