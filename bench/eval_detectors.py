@@ -239,7 +239,8 @@ def render(result: dict, info: dict, version: str = VERSION) -> str:
              f"advice given on {len(rb['spurious'])}/{rb['not_needed']} runs that need none "
              f"({rb['ambiguous']} runs with only a dont_care excursion not scored).",
              f"False alarms (warning/critical, all kinds): {sum(fa.by_kind.values())} over {fa.healthy_steps} healthy "
-             f"logged steps = {total_fa:.1f} per 1M.",
+             f"logged steps = {total_fa:.1f} per 1M ({fa.after_a_fault} of them in a faulted run after its first "
+             "fault, where its twin no longer vouches for it).",
              f"dont_care labels (neither a miss nor a false alarm): {dont_care}.",
              f"Rolled-back faults reported as history (open=false): {result['history']['closed']}/"
              f"{result['history']['labels']}.",

@@ -89,8 +89,13 @@ def _health(ckpt_step: int, main: dict[str, np.ndarray], findings: list[Finding]
     if len(scale) and scale.min() < 1.0:
         return False, f"loss scale {scale.min():g} < 1 before it", None
     for f in findings:
-        # Inside an incident (or at the step before its first bad value, which may hold its update).
-        if f.kind not in NO_ROLLBACK_KINDS and f.severity != "info" and f.onset_step - 1 <= ckpt_step <= f.end_step:
+        # Inside an incident (or at the step before its first bad value, which may hold its update). One that came
+        # back by itself with no lasting cost does not count: training resumed from such a state and recovered (the
+        # run showed it), so a checkpoint inside it is history like the incident (seed 890695's run 025: a
+        # recovered 1.5-sigma rise pushed a NaN's rollback back a checkpoint).
+        recovered = f.self_recovered is True and not f.needs_action
+        if f.kind not in NO_ROLLBACK_KINDS and f.severity != "info" and not recovered \
+                and f.onset_step - 1 <= ckpt_step <= f.end_step:
             return False, f"inside the {f.kind} from step {f.onset_step}", None
     growth = _climb(main, ckpt_step + 1, cfg, lrc)
     if growth is not None:
@@ -242,9 +247,11 @@ def last_healthy_step(steps: np.ndarray, onset: int) -> int:
 
 
 def _incident_onset(target: Finding, findings: list[Finding]) -> int:
-    """Where the damage began: a bad resume goes back to the incident its parent was rolled back for."""
+    """Where the damage began: the earliest step of the onset's confidence set where the finding states one
+    (``earliest_onset_step``: the advice must precede every step the change may have been at); a bad resume goes
+    back to the incident its parent was rolled back for."""
     if target.kind != "bad_resume":
-        return target.onset_step
+        return min(target.onset_step, int(target.evidence.get("earliest_onset_step", target.onset_step)))
     resumed = int(target.evidence.get("resume_step", target.onset_step - 1))
     earlier = [f.onset_step for f in findings if f.segment < target.segment and f.kind not in NO_ROLLBACK_KINDS
                and f.severity != "info" and f.onset_step <= resumed + 1 <= f.end_step + 1]

@@ -515,7 +515,10 @@ class DivergenceScanner:
         if act_ratio is None or grad_ratio is None or act_ratio < self.cfg.precursor_act \
                 or grad_ratio < self.cfg.precursor_grad:
             return None
-        rise = lr_rise_start(steps, obs["lr"], i, self.ctx.config.lr)  # an LR rising into the climb is where it began
+        # An LR rising into the climb is where it began. A slow ramp reaches ``raise_factor`` only as the norms climb
+        # (seed 372696's run 071: x1.02 at the climb's start, x3.6 by the last row), so the rise is measured up to
+        # the last row, the worst of the effect so far, as a spike's is up to its peak.
+        rise = lr_rise_start(steps, obs["lr"], i, self.ctx.config.lr, until=len(steps) - 1)
         onset = int(steps[first_consequence(steps, rise)]) if rise is not None else climb
         return Finding(kind="divergence", onset_step=onset, end_step=int(steps[-1]), peak_step=int(steps[-1]),
                        segment=self.ctx.segment, severity="critical", self_recovered=False, needs_action=True,

@@ -35,6 +35,11 @@ from runwatch.detectors.finding import Finding
 from runwatch.detectors.scanner import Observations, ScanContext
 
 
+
+CHANGE_POINT_SLACK = 1.92
+"""Log-likelihood below the maximum that a change point may lie and still be in its 95% confidence set: half
+the chi-square(1) quantile 3.84 (the profile-likelihood interval; Hinkley 1970 for a change point)."""
+
 class ScalerScanner:
     """Incremental over the rows of one segment where the loss scale or the skip flag was logged."""
 
@@ -127,7 +132,8 @@ class ScalerScanner:
             # The depth counts from the scale it usually overflows at; the recovery aims at the scale before.
             ch["halvings"] = math.log2(ch["ref"] / now) if now > 0 and ch["ref"] > 0 else math.inf
             if "alarm" not in ch and ch["halvings"] >= self.cfg.min_halvings and not ch["calibration"]:
-                ch["alarm"], ch["first"] = i, self._onset(ch["first"], i, steps)
+                ch["alarm"] = i
+                ch["first"], ch["first_lo"] = self._onset(ch["first"], i, steps)
             ch["num_skipped"] += max(round(math.log2(before / now)), 1) if now > 0 and before > 0 else 1
             if now < ch["min"]:
                 ch["min"], ch["min_i"] = now, i
@@ -206,10 +212,10 @@ class ScalerScanner:
                 if not len(hits):
                     return
                 p += int(hits[0])
-                first = self._onset(int(cp[p - lo]), p, steps)
+                first, first_lo = self._onset(int(cp[p - lo]), p, steps)
                 prior = scale[:first]
                 prior = prior[np.isfinite(prior)]
-                ep = self.episode = {"first": first, "last_skip": first, "min": math.inf, "min_i": first,
+                ep = self.episode = {"first": first, "first_lo": first_lo, "last_skip": first, "min": math.inf, "min_i": first,
                                      "before": float(prior[-1]) if len(prior) else math.nan, "num_skipped": 0.0}
                 self._absorb(ep, first, p, scale)
             x = scale[p:n]
@@ -224,8 +230,9 @@ class ScalerScanner:
             self.episode = None
             p = stop + 1
 
-    def _onset(self, zero_next: int, alarm: int, steps: np.ndarray) -> int:
-        """The maximum-likelihood change point between the CUSUM's last zero and the alarm.
+    def _onset(self, zero_next: int, alarm: int, steps: np.ndarray) -> tuple[int, int]:
+        """The maximum-likelihood change point between the CUSUM's last zero and the alarm, and the earliest
+        row of its confidence set.
 
         The CUSUM's own estimate (the first skip after its last zero) assumes the
         collapse rate p1; a real collapse skips far more often, and an ordinary
@@ -233,12 +240,18 @@ class ScalerScanner:
         the change estimated from the data (p = k/m: k skips in the m steps from a
         candidate row to the alarm), the onset is the skipped row that maximises
         k log(p/p0) + (m - k) log((1 - p)/(1 - p0)).
+
+        The rows whose log-likelihood ratio lies within ``CHANGE_POINT_SLACK`` of that maximum are the change
+        point's confidence set (the profile-likelihood interval); a rollback must precede all of it. On a coarse
+        log one halving in the row before the burst is as likely the collapse's first skip as an ordinary
+        backoff (fresh seed 260854's runs 128 and 147, logged every 10 and 25 steps: the change point put one
+        row late, a checkpoint in between advised).
         """
         rows = np.arange(zero_next, alarm + 1)
         skips = self.all_skips.view[zero_next:alarm + 1]
         cand = rows[skips > 0]
         if len(cand) <= 1:
-            return int(cand[0]) if len(cand) else zero_next
+            return (int(cand[0]),) * 2 if len(cand) else (zero_next, zero_next)
         k = np.cumsum(skips[::-1])[::-1][skips > 0]  # skips from each candidate to the alarm
         # A candidate's skips happened somewhere since the row before, unless the row's skip is its own logged
         # step (flagged, no halving before it): then the change is at that very step.
@@ -247,7 +260,8 @@ class ScalerScanner:
         p0 = min(1.0 / float(self.intervals.view[alarm]), self.cfg.skip_rate / 2)
         p = np.clip(k / m, p0, 1 - 1e-12)
         llr = k * np.log(p / p0) + (m - k) * np.log((1 - p) / (1 - p0))
-        return int(cand[int(np.argmax(llr))])
+        plausible = cand[llr >= llr.max() - CHANGE_POINT_SLACK]
+        return int(cand[int(np.argmax(llr))]), int(plausible.min())
 
     def _absorb(self, ep: dict, a: int, b: int, scale: np.ndarray) -> None:
         """Count rows a..b-1 into the episode."""
@@ -274,7 +288,9 @@ class ScalerScanner:
         for ep, rec in items:  # one incident, one finding: a skip burst and its halving chain overlap
             if merged and ep["first"] <= merged[-1][0].get("end", len(steps) - 1) + 1:
                 prev, prev_rec = merged.pop()
-                both = {**prev, "first": min(prev["first"], ep["first"]), "last_skip": max(prev["last_skip"], ep["last_skip"]),
+                both = {**prev, "first": min(prev["first"], ep["first"]),
+                        "first_lo": min(prev.get("first_lo", prev["first"]), ep.get("first_lo", ep["first"])),
+                        "last_skip": max(prev["last_skip"], ep["last_skip"]),
                         "num_skipped": max(prev["num_skipped"], ep["num_skipped"])}
                 if ep["min"] < prev["min"]:
                     both["min"], both["min_i"] = ep["min"], ep["min_i"]
@@ -309,7 +325,8 @@ class ScalerScanner:
         evidence = {"scale_before": before if math.isfinite(before) else None,
                     "scale_min": low if math.isfinite(low) else None, "halvings": halvings,
                     "num_skipped": int(ep["num_skipped"]), "below_floor": below, "floor": cfg.floor,
-                    "still_skipping": still_skipping, "detected_step": int(steps[min(ep["first"], n - 1)])}
+                    "still_skipping": still_skipping, "detected_step": int(steps[min(ep["first"], n - 1)]),
+                    "earliest_onset_step": int(steps[min(ep.get("first_lo", ep["first"]), ep["first"])])}
         state = {True: "the scaler is back to normal", False: "it did not recover", None: "not recovered yet"}[recovered]
         scales = f"{before:g} -> {low:g}, " if math.isfinite(low) and math.isfinite(before) else ""
         pinned = "every step skipped at the minimum scale, " if still_skipping and halvings < 1 else ""

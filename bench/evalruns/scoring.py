@@ -141,6 +141,11 @@ class FalseAlarms:
 
     healthy_steps: int = 0
     by_kind: dict[str, int] = field(default_factory=dict)
+    after_a_fault: int = 0
+    """Of those, the ones after an injected fault's onset in the same segment (a dont_care one included): the
+    run's weights differ from its twin's there, so the twin can no longer vouch that the run is healthy (an
+    aftershock of an LR burst, a loss rise while every step is skipped). Reported beside the total, never
+    subtracted from it."""
 
     def add_run(self, steps: np.ndarray, segments: np.ndarray, labels: list[dict], preds: list[Pred],
                 window: int, merge_excursions: bool = False) -> None:
@@ -154,6 +159,8 @@ class FalseAlarms:
                                                for lab in labels):
                 k = _kind_of(p.kind, merge_excursions)
                 self.by_kind[k] = self.by_kind.get(k, 0) + 1
+                self.after_a_fault += any(lab["segment"] == p.segment and lab.get("subtype") != "natural"
+                                          and lab["onset"] < p.onset for lab in labels)
 
     def per_million(self, kind: str) -> float:
         return 1e6 * self.by_kind.get(kind, 0) / self.healthy_steps if self.healthy_steps else float("nan")

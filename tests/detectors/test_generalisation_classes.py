@@ -1126,3 +1126,91 @@ def test_36_a_lift_after_a_short_lr_burst_is_a_spike_at_a_known_change_point() -
         assert not _alarms(_burst_lift(seed, burst=False))
         assert not _alarms(_burst_lift(seed, burst=True, lift=0.0))
     assert found >= 9, found
+
+
+# 37. A slow LR ramp that reaches the raise factor only as the norms climb is still the cause.
+
+def _lr_ramp_climb(seed: int, n: int = 2000, start: int = 1500) -> Report:
+    """A constant LR of 1e-3 for 1500 steps, then x1.004 per step (x7.4 by the last), the update of step 1500 the
+    first under it; the activation and gradient norms follow it (x5 and x3.3 by the end), the loss does not
+    move yet (OPT's precursor). Checkpoints every 50 steps."""
+    steps = np.arange(n)
+    ratio = 1.004 ** np.maximum(steps - start + 1, 0)
+    act = 10.0 * ratio ** 0.8 * np.exp(np.random.default_rng(seed).normal(0, 0.05, n))
+    rows = rows_table(steps, loss=loss_curve(n, seed=seed, noise=0.05), grad_norm=grad_curve(n, seed=seed + 10) * ratio ** 0.6,
+                      act_norm=act, lr=1e-3 * ratio)
+    return analyze(rows, _ckpts(list(range(50, n, 50))))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_37_a_slow_lr_ramp_into_a_norm_climb_is_where_the_divergence_began(seed: int) -> None:
+    """The precursor's onset is the first consequence of the LR ramp (1501) or the climb's own start when the
+    fit puts it earlier, and the advice is checkpoint 1450 (checkpoint 1500 holds an update under the ramp).
+    Fresh seed 372696's run 071: a ramp of x1.006 per step from 726, the climb estimated at 728, advice 726. Fails
+    on 55352fb for seeds 0 and 4 (the rise was measured up to the climb's start only, x1.01 there; advice 1500)."""
+    report = _lr_ramp_climb(seed)
+    alarms = _alarms(report)
+    assert [f.kind for f in alarms] == ["divergence"] and alarms[0].onset_step <= 1501, alarms
+    assert report.rollback is not None and report.rollback.checkpoint_step == 1450, report.rollback
+
+
+# 38. A checkpoint inside an excursion that came back by itself is a healthy one.
+
+def _recovered_then_nan(seed: int, lasting: bool) -> Report:
+    n = 1400
+    loss = loss_curve(n, seed=seed, noise=0.05)
+    loss[1000:1060] += 0.5 * np.exp(-np.arange(60) / 20)  # a 10-sigma spike that comes back by itself in ~30 steps
+    if lasting:
+        loss[1030:] += 0.3  # ...or does not
+    loss[1100:] = np.nan
+    return analyze(rows_table(np.arange(n), loss=loss, grad_norm=grad_curve(n, seed=seed + 10)), _ckpts([900, 1010]))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_38_a_checkpoint_inside_a_recovered_spike_is_not_rejected(seed: int) -> None:
+    """A spike at 1000 that recovered with no lasting cost (a warning, history), then the loss NaN from 1100: the
+    advice for the NaN is checkpoint 1010, saved while the spike was on; the run trained on from that state and
+    came back, so the spike does not push the advice back (fresh seed 890695's run 025: a recovered rise pushed
+    a NaN's rollback from 490 to 420). Fails on 55352fb (checkpoint 900, 1010 rejected "inside the spike").
+    Guard: when the loss stays up (the spike, or a divergence, never recovered), it is the incident the advice
+    answers, and the advice precedes it."""
+    report = _recovered_then_nan(seed, lasting=False)
+    spike = next(f for f in report.findings if f.kind == "spike")
+    assert spike.severity == "warning" and spike.self_recovered and not spike.needs_action, spike
+    assert report.rollback is not None and report.rollback.checkpoint_step == 1010, report.rollback.reason
+    assert report.rollback.evidence["rejected_checkpoints"] == []
+    report = _recovered_then_nan(seed, lasting=True)
+    assert report.rollback is not None and report.rollback.checkpoint_step == 900, report.rollback.reason
+
+
+
+# 39. The rollback precedes every step a change point may have been at, not only the likeliest.
+
+def _coarse_collapse(sawtooth: bool) -> Report:
+    """Logged every 10 steps; the scale 2^17, with (``sawtooth``) a healthy sawtooth until step 940 (grown to 2^18
+    every 50 steps, halved back by the next overflow). Then one halving in the row at 990, five more by 1000, one
+    more by 1010, and no regrowth. Checkpoints every 21 steps (966, 987, 1008, ...)."""
+    steps = np.arange(0, 2000, 10)
+    n = len(steps)
+    scale = np.full(n, 2.0 ** 17)
+    if sawtooth:
+        scale[(steps % 50 == 0) & (steps > 0) & (steps < 950)] = 2.0 ** 18
+    i = int(np.searchsorted(steps, 990))
+    scale[i], scale[i + 1], scale[i + 2:] = 2.0 ** 16, 2.0 ** 11, 2.0 ** 10
+    rows = rows_table(steps, loss=loss_curve(n, seed=1), grad_norm=grad_curve(n, seed=11), loss_scale=scale,
+                      found_inf=np.zeros(n, bool))
+    return analyze(rows, _ckpts(list(range(21, 2000, 21))))
+
+
+@pytest.mark.parametrize("sawtooth", [True, False])
+def test_39_a_collapse_on_a_coarse_log_is_rolled_back_before_its_whole_confidence_set(sawtooth: bool) -> None:
+    """With the sawtooth the healthy skip rate is learned high (one per ~50 steps), so the likeliest change point is
+    the row at 1000 (five skips in ten steps) and the row at 990 (one halving, as an ordinary backoff makes) lies
+    1.4 log-likelihood below it: inside the 95% set (1.92). The collapse may have begun in (980, 990], so the
+    advice is checkpoint 966; 987 may hold its first skip (fresh seed 260854's run 128: the same rows, advice 987,
+    the labelled onset 990). The finding's onset stays the likeliest row, with ``earliest_onset_step`` beside it.
+    Fails on 55352fb (advice 987). Guard (no sawtooth): where 990 is itself the likeliest row, both agree."""
+    report = _coarse_collapse(sawtooth)
+    [f] = [f for f in report.findings if f.kind == "scaler_collapse"]
+    assert f.onset_step == (1000 if sawtooth else 990) and f.evidence["earliest_onset_step"] == 990, f
+    assert report.rollback is not None and report.rollback.checkpoint_step == 966, report.rollback.reason
