@@ -90,17 +90,32 @@ def _health(ckpt_step: int, main: dict[str, np.ndarray], findings: list[Finding]
         return False, f"loss scale {scale.min():g} < 1 before it", None
     for f in findings:
         # Inside an incident (or at the step before its first bad value, which may hold its update). One that came
-        # back by itself with no lasting cost does not count: training resumed from such a state and recovered (the
-        # run showed it), so a checkpoint inside it is history like the incident (seed 890695's run 025: a
-        # recovered 1.5-sigma rise pushed a NaN's rollback back a checkpoint).
-        recovered = f.self_recovered is True and not f.needs_action
-        if f.kind not in NO_ROLLBACK_KINDS and f.severity != "info" and not recovered \
-                and f.onset_step - 1 <= ckpt_step <= f.end_step:
+        # back by itself with no lasting cost does not count where the loss computed from the checkpoint's state
+        # was already back in the incident's band (``_state_back``): training resumed from that state and
+        # recovered (the run showed it; seed 890695's run 025: a recovered 1.5-sigma rise pushed a NaN's rollback
+        # back a checkpoint). A checkpoint in the thick of a spike is not healthy for all that (fresh seed 468102's
+        # run 032: 75 sigmas up at checkpoint 266; the playbook restarts before the spike).
+        if f.kind in NO_ROLLBACK_KINDS or f.severity == "info" or not f.onset_step - 1 <= ckpt_step <= f.end_step:
+            continue
+        if not (f.self_recovered is True and not f.needs_action and _state_back(ckpt_step, main, f, cfg)):
             return False, f"inside the {f.kind} from step {f.onset_step}", None
     growth = _climb(main, ckpt_step + 1, cfg, lrc)
     if growth is not None:
         return False, f"activation norm climbing since step {growth}", growth
     return True, HEALTHY, None
+
+
+def _state_back(ckpt_step: int, main: dict[str, np.ndarray], f: Finding, cfg: AdviceConfig) -> bool:
+    """Was the loss computed from checkpoint ``ckpt_step``'s state back in the band of incident ``f``? The median
+    of the first ``cfg.resume_obs`` logged losses after it within ``cfg.resume_band`` of the finding's sigmas above
+    its pre-onset level (an incident that states no level and sigma: its recovery is taken as the answer)."""
+    base, sigma = f.evidence.get("baseline_loss"), f.evidence.get("loss_sigma")
+    if base is None or not sigma:
+        return True
+    i = int(np.searchsorted(main["step"], ckpt_step, side="right"))
+    after = main["loss"][i:i + cfg.resume_obs]
+    after = after[np.isfinite(after)]
+    return bool(len(after)) and float(np.median(after)) <= base + cfg.resume_band * sigma
 
 
 def _climb(main: dict[str, np.ndarray], before_step: int, cfg: AdviceConfig, lrc: LRConfig) -> int | None:

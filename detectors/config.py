@@ -423,6 +423,12 @@ class AdviceConfig:
     """...and a fall of 3 standard errors of their difference (``DivergenceConfig.growth_z``, the bar a norm's
     climb itself must clear) is learning. Seed 260854's run 087: the activation norm grew 1.7 -> 5.1 as the loss
     fell 4.0 -> 3.07 after the warm-up, and every checkpoint before a scaler collapse at step 321 was refused."""
+    resume_obs: int = 8
+    """A checkpoint inside an incident that came back by itself is a healthy resume point only if the median of the
+    first 8 losses computed from it (the spike's ``recovery_obs``) was back in the incident's band..."""
+    resume_band: float = 3.0
+    """...within 3 of the incident's sigmas above its pre-onset level (the spike's ``z_band``, the same band its
+    recovery is judged by)."""
     replay_before: int = 100
     """Batches before the onset to start skipping (PaLM restarted ~100 steps before a spike)..."""
     skip_after: int = 100
@@ -436,6 +442,7 @@ class AdviceConfig:
 
     def __post_init__(self) -> None:
         _check(self.learning_obs >= 2 and self.learning_z > 0, "need learning_obs >= 2 and learning_z > 0")
+        _check(self.resume_obs >= 1 and self.resume_band > 0, "need resume_obs >= 1 and resume_band > 0")
 
 
 @dataclass(kw_only=True, frozen=True)
