@@ -34,11 +34,10 @@ from runwatch.detectors.core import Grow, cusum
 from runwatch.detectors.finding import Finding
 from runwatch.detectors.scanner import Observations, ScanContext
 
-
-
 CHANGE_POINT_SLACK = 1.92
 """Log-likelihood below the maximum that a change point may lie and still be in its 95% confidence set: half
 the chi-square(1) quantile 3.84 (the profile-likelihood interval; Hinkley 1970 for a change point)."""
+
 
 class ScalerScanner:
     """Incremental over the rows of one segment where the loss scale or the skip flag was logged."""
@@ -122,7 +121,7 @@ class ScalerScanner:
             if ch is not None and ch["calibration"] and since >= self.cfg.calibration_steps:
                 ch = self.chain = None  # the opening calibration is over: a later halving starts a chain of its own
             if ch is None:
-                ch = self.chain = {"first": i, "last_skip": i, "min": now, "min_i": i,
+                ch = self.chain = {"first": i, "first_lo": i, "last_skip": i, "min": now, "min_i": i,
                                    "before": before, "ref": min(before, self._ceiling(i, steps)),
                                    "num_skipped": 0.0, "halvings": 0.0,
                                    "calibration": not self.chain_grew and since < self.cfg.calibration_steps}
@@ -215,8 +214,9 @@ class ScalerScanner:
                 first, first_lo = self._onset(int(cp[p - lo]), p, steps)
                 prior = scale[:first]
                 prior = prior[np.isfinite(prior)]
-                ep = self.episode = {"first": first, "first_lo": first_lo, "last_skip": first, "min": math.inf, "min_i": first,
-                                     "before": float(prior[-1]) if len(prior) else math.nan, "num_skipped": 0.0}
+                ep = self.episode = {"first": first, "first_lo": first_lo, "last_skip": first, "min": math.inf,
+                                     "min_i": first, "before": float(prior[-1]) if len(prior) else math.nan,
+                                     "num_skipped": 0.0}
                 self._absorb(ep, first, p, scale)
             x = scale[p:n]
             low = np.isfinite(x) & np.isfinite(ep["before"]) & (x < ep["before"] / within)
@@ -289,7 +289,7 @@ class ScalerScanner:
             if merged and ep["first"] <= merged[-1][0].get("end", len(steps) - 1) + 1:
                 prev, prev_rec = merged.pop()
                 both = {**prev, "first": min(prev["first"], ep["first"]),
-                        "first_lo": min(prev.get("first_lo", prev["first"]), ep.get("first_lo", ep["first"])),
+                        "first_lo": min(prev["first_lo"], ep["first_lo"]),
                         "last_skip": max(prev["last_skip"], ep["last_skip"]),
                         "num_skipped": max(prev["num_skipped"], ep["num_skipped"])}
                 if ep["min"] < prev["min"]:
@@ -326,7 +326,7 @@ class ScalerScanner:
                     "scale_min": low if math.isfinite(low) else None, "halvings": halvings,
                     "num_skipped": int(ep["num_skipped"]), "below_floor": below, "floor": cfg.floor,
                     "still_skipping": still_skipping, "detected_step": int(steps[min(ep["first"], n - 1)]),
-                    "earliest_onset_step": int(steps[min(ep.get("first_lo", ep["first"]), ep["first"])])}
+                    "earliest_onset_step": int(steps[ep["first_lo"]])}
         state = {True: "the scaler is back to normal", False: "it did not recover", None: "not recovered yet"}[recovered]
         scales = f"{before:g} -> {low:g}, " if math.isfinite(low) and math.isfinite(before) else ""
         pinned = "every step skipped at the minimum scale, " if still_skipping and halvings < 1 else ""

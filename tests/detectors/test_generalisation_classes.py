@@ -1137,8 +1137,8 @@ def _lr_ramp_climb(seed: int, n: int = 2000, start: int = 1500) -> Report:
     steps = np.arange(n)
     ratio = 1.004 ** np.maximum(steps - start + 1, 0)
     act = 10.0 * ratio ** 0.8 * np.exp(np.random.default_rng(seed).normal(0, 0.05, n))
-    rows = rows_table(steps, loss=loss_curve(n, seed=seed, noise=0.05), grad_norm=grad_curve(n, seed=seed + 10) * ratio ** 0.6,
-                      act_norm=act, lr=1e-3 * ratio)
+    grad = grad_curve(n, seed=seed + 10) * ratio ** 0.6
+    rows = rows_table(steps, loss=loss_curve(n, seed=seed, noise=0.05), grad_norm=grad, act_norm=act, lr=1e-3 * ratio)
     return analyze(rows, _ckpts(list(range(50, n, 50))))
 
 
@@ -1184,7 +1184,8 @@ def test_38_a_checkpoint_late_in_a_recovered_spike_is_not_rejected(seed: int) ->
     assert report.rollback.evidence["rejected_checkpoints"] == []
     report = _recovered_then_nan(seed, lasting=False, checkpoint=1005)
     assert report.rollback is not None and report.rollback.checkpoint_step == 900, report.rollback.reason
-    assert report.rollback.evidence["rejected_checkpoints"] == [{"step": 1005, "why": "inside the spike from step 1000"}]
+    assert report.rollback.evidence["rejected_checkpoints"] == [
+        {"step": 1005, "why": "inside the spike from step 1000"}]
     report = _recovered_then_nan(seed, lasting=True)
     assert report.rollback is not None and report.rollback.checkpoint_step == 900, report.rollback.reason
 
