@@ -254,6 +254,10 @@ class ScalerConfig:
     """Halvings: back within 2^4 of the scale before the burst counts as regrown (one step from 8 to 16 does not)."""
     patience_steps: int = 200
     """A collapse not over this many steps after its last skip needs action."""
+    change_point_slack: float = 1.92
+    """Log-likelihood below the maximum at which a collapse's change point may still lie: half the chi-square(1)
+    quantile 3.84, the 95% profile-likelihood confidence set of a change point (Hinkley 1970). The rollback
+    precedes the whole set (``evidence.earliest_onset_step``)."""
     calibration_steps: int = 50
     """Start-up calibration: skips before the scale ever grew, in the first 50 training steps (by step number,
     not row index), are the scaler halving down from its initial scale to a workable one (one overflow per
@@ -263,7 +267,7 @@ class ScalerConfig:
         _check(self.floor > 0 and self.min_halvings > 0, "floor and min_halvings must be > 0")
         _check(0 < self.skip_rate < 1 and self.skip_h > 0, "need 0 < skip_rate < 1 and skip_h > 0")
         _check(self.growth_interval >= 1 and self.calibration_steps >= 0, "bad growth_interval or calibration_steps")
-        _check(self.level_window > 0, "level_window must be > 0")
+        _check(self.level_window > 0 and self.change_point_slack >= 0, "need level_window > 0, change_point_slack >= 0")
 
 
 @dataclass(kw_only=True, frozen=True)

@@ -34,10 +34,6 @@ from runwatch.detectors.core import Grow, cusum
 from runwatch.detectors.finding import Finding
 from runwatch.detectors.scanner import Observations, ScanContext
 
-CHANGE_POINT_SLACK = 1.92
-"""Log-likelihood below the maximum that a change point may lie and still be in its 95% confidence set: half
-the chi-square(1) quantile 3.84 (the profile-likelihood interval; Hinkley 1970 for a change point)."""
-
 
 class ScalerScanner:
     """Incremental over the rows of one segment where the loss scale or the skip flag was logged."""
@@ -241,7 +237,7 @@ class ScalerScanner:
         candidate row to the alarm), the onset is the skipped row that maximises
         k log(p/p0) + (m - k) log((1 - p)/(1 - p0)).
 
-        The rows whose log-likelihood ratio lies within ``CHANGE_POINT_SLACK`` of that maximum are the change
+        The rows whose log-likelihood ratio lies within ``cfg.change_point_slack`` of that maximum are the change
         point's confidence set (the profile-likelihood interval); a rollback must precede all of it. On a coarse
         log one halving in the row before the burst is as likely the collapse's first skip as an ordinary
         backoff (fresh seed 260854's runs 128 and 147, logged every 10 and 25 steps: the change point put one
@@ -260,7 +256,7 @@ class ScalerScanner:
         p0 = min(1.0 / float(self.intervals.view[alarm]), self.cfg.skip_rate / 2)
         p = np.clip(k / m, p0, 1 - 1e-12)
         llr = k * np.log(p / p0) + (m - k) * np.log((1 - p) / (1 - p0))
-        plausible = cand[llr >= llr.max() - CHANGE_POINT_SLACK]
+        plausible = cand[llr >= llr.max() - self.cfg.change_point_slack]
         return int(cand[int(np.argmax(llr))]), int(plausible.min())
 
     def _absorb(self, ep: dict, a: int, b: int, scale: np.ndarray) -> None:
