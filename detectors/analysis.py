@@ -65,31 +65,41 @@ def checkpoint_seconds(checkpoints: list[dict]) -> dict[int, float]:
 
 
 def _diverged(f: Finding, cfg: DetectorConfig) -> bool:
-    """A loss excursion thrown by a learning rate that is still raised (not the schedule), whether or not the
-    loss came back: the cause decides the fix (a raised LR is a divergence in the making: lower it; a burst
-    that is over leaves a spike: roll back and skip its batches). A jump that stays up without a raised LR
-    is a spike that did not recover; a divergence is a change in slope (DETECTION.md section 5), which the
-    divergence scanner finds by itself."""
-    return (f.kind == "spike" and not f.evidence.get("blip") and bool(f.evidence.get("lr_still_raised"))
-            and not f.evidence.get("lr_scheduled"))
+    """A loss excursion that is a divergence by its cause or by its shape. By its cause: thrown by a learning rate
+    that is still raised (not the schedule), whether or not the loss came back (the cause decides the fix: a
+    raised LR is a divergence in the making, lower it; a burst that is over leaves a spike, roll back and skip
+    its batches). By its shape: unrecovered and still climbing (``climbing``: the later half of it above the
+    earlier by the divergence's ``growth_z`` standard errors), a change in slope (DETECTION.md section 5). A
+    jump that stays up without either is a spike that did not recover."""
+    if f.kind != "spike" or f.evidence.get("blip"):
+        return False
+    raised = bool(f.evidence.get("lr_still_raised")) and not f.evidence.get("lr_scheduled")
+    return raised or (f.needs_action and bool(f.evidence.get("climbing")))
 
 
 def _as_divergence(f: Finding, cfg: DetectorConfig) -> Finding:
-    """The fix for such a jump is the learning rate, not a data skip alone: call it a divergence."""
-    grad, lr = f.evidence.get("grad_norm_ratio"), f.evidence.get("lr_ratio")
-    why = [f"learning rate x{lr:.2g}"] + [f"gradient norm x{grad:.2g}" for _ in [0] if grad and grad >= 1.5]
+    """Call it a divergence: the fix is the learning rate (or what drives the climb), not a data skip alone."""
+    ev = f.evidence
+    raised = bool(ev.get("lr_still_raised")) and not ev.get("lr_scheduled")
+    grad, lr = ev.get("grad_norm_ratio"), ev.get("lr_ratio")
+    why = ([f"learning rate x{lr:.2g}"] if raised and lr else []) + \
+        [f"gradient norm x{grad:.2g}" for _ in [0] if grad and grad >= 1.5]
     # A divergence begins where the trend broke: the gradient or activation norm growing into the jump.
-    onset = min(f.onset_step, f.evidence.get("trend_break_step") or f.onset_step)
-    message = (f"loss diverged from step {onset}: jumped {f.evidence['baseline_loss']:.4g} -> "
-               f"{fmt_value(f.evidence['peak_loss'])} and stayed up ({', '.join(why)})")
+    onset = min(f.onset_step, ev.get("trend_break_step") or f.onset_step)
+    rise = f"{ev['baseline_loss']:.4g} -> {fmt_value(ev['peak_loss'])}"
+    message = (f"loss diverged from step {onset}: jumped {rise} and stayed up" if not ev.get("climbing") else
+               f"loss diverging from step {onset}: {rise} and still climbing (the later half of the rise "
+               f"{ev['climb_se']:.1f} standard errors above the earlier)")
+    message += f" ({', '.join(why)})" if why else ""
     if onset < f.onset_step:
-        what = "the learning rate began rising" if f.evidence.get("lr_rise_step") == onset \
+        what = "the learning rate began rising" if ev.get("lr_rise_step") == onset \
             else "the gradient or activation norm began growing"
-        message += f"; {what} at {onset}, the loss jumped at {f.onset_step}"
-    message += "; the learning rate jumped at the onset and is still up"
+        message += f"; {what} at {onset}, the loss {'rose from' if ev.get('climbing') else 'jumped at'} {f.onset_step}"
+    if raised:
+        message += "; the learning rate jumped at the onset and is still up"
     return dataclasses.replace(f, kind="divergence", message=message, self_recovered=False, needs_action=True,
                                severity="critical", onset_step=onset,
-                               evidence={**f.evidence, "from_spike": True, "loss_climb_step": f.onset_step})
+                               evidence={**ev, "from_spike": True, "loss_climb_step": f.onset_step})
 
 
 def overlaps(a: Finding, b: Finding) -> bool:
@@ -97,16 +107,46 @@ def overlaps(a: Finding, b: Finding) -> bool:
     return a.segment == b.segment and a.onset_step <= b.end_step and b.onset_step <= a.end_step
 
 
+def _began_inside(f: Finding, episode: Finding) -> bool:
+    return f.segment == episode.segment and episode.onset_step <= f.onset_step <= episode.end_step
+
+
+def _a_slow_rise(f: Finding) -> bool:
+    ev = f.evidence
+    return ev.get("rule") == "cusum" and not ev.get("lr_raised") and ev.get("lr_step_up_step") is None
+
+
+def _seen_first(o: Finding, d: Finding) -> bool:
+    """Whether finding ``o``, unrecovered, is the start of the incident divergence ``d`` is part of: ``o`` began
+    at or before ``d``'s onset, and ``d``'s climb began before ``o`` was even confirmed. A climb that began
+    after that is a new development inside ``o``."""
+    return not o.self_recovered and o.onset_step <= d.onset_step <= o.evidence.get("detected_step", o.onset_step)
+
+
+def _a_jump(o: Finding) -> bool:
+    """A spike opened by a single observation far out (the Shewhart rule): a change in level. A divergence that
+    began with one measured its climb from before the jump, so the jump read as its start; the incident is an
+    unrecovered spike (DETECTION.md section 5: a divergence is a change in slope). A sustained rise (the CUSUM
+    rule) is a change in slope already: the divergence's."""
+    return o.kind == "spike" and o.evidence.get("rule") == "shewhart"
+
+
 def merge_overlaps(findings: list[Finding], cfg: DetectorConfig = DEFAULT) -> list[Finding]:
     """One incident, one finding.
 
     A spike under a learning rate still raised (not by the schedule) is a divergence,
     and where one covers an LR change point, the change point's finding gives way.
-    Unrecovered loss findings that overlap a divergence merge into it (earliest
-    onset); a 'divergence' that came back down inside a spike was that spike.
+    Loss findings that begin inside an unrecovered divergence, and unrecovered
+    ones that began first but were not yet confirmed when its climb began
+    (``_seen_first``), merge into it (earliest onset), unless the first was a
+    jump (``_a_jump``): then the incident is that unrecovered spike. A climb
+    that began after an unrecovered finding was confirmed is a new development
+    beside it. A 'divergence' that came back down inside a spike was that spike.
     A NaN after a divergence stays its own finding: it changes the advice
     (BF16, data) and marks the point of no return; a scaler collapse that
-    starts inside a NaN episode is that NaN (the scaler skips non-finite steps).
+    starts inside a NaN episode is that NaN (the scaler skips non-finite steps),
+    and a slow rise of the loss that starts inside a scaler collapse is that
+    collapse (skipped updates leave the loss above its trend).
     """
     out = [_as_divergence(f, cfg) if _diverged(f, cfg) else f for f in findings]
     # The LR change-point tests are the fallback for a lift nothing else saw: where another divergence covers
@@ -115,8 +155,12 @@ def merge_overlaps(findings: list[Finding], cfg: DetectorConfig = DEFAULT) -> li
         o is not f and o.kind == "divergence" and overlaps(f, o) for o in out))]
     # Once weights or values are non-finite an fp16 scaler skips every step: that collapse is the NaN's echo.
     nans = [f for f in out if f.kind == "nan"]
-    out = [f for f in out if not (f.kind == "scaler_collapse" and any(
-        n.segment == f.segment and n.onset_step <= f.onset_step <= n.end_step for n in nans))]
+    out = [f for f in out if not (f.kind == "scaler_collapse" and any(_began_inside(f, n) for n in nans))]
+    # While the scaler skips updates the loss cannot follow its falling trend: a slow rise against the trend (the
+    # CUSUM's, no LR cause) that begins then is the collapse's consequence, not a second incident. A jump, or a
+    # move the LR made, is one skipped updates cannot explain.
+    collapses = [f for f in out if f.kind == "scaler_collapse"]
+    out = [f for f in out if not (f.kind == "spike" and _a_slow_rise(f) and any(_began_inside(f, c) for c in collapses))]
     for d in sorted([f for f in out if f.kind == "divergence"], key=lambda f: f.onset_step):
         if d not in out:
             continue
@@ -125,7 +169,12 @@ def merge_overlaps(findings: list[Finding], cfg: DetectorConfig = DEFAULT) -> li
             if any(o.kind == "spike" for o in others):
                 out.remove(d)
             continue
-        absorbed = [o for o in others if not o.self_recovered]
+        first = [o for o in others if _seen_first(o, d)]
+        if any(_a_jump(o) for o in first):
+            out.remove(d)
+            continue
+        # Everything the loss does after an unrecovered divergence began is part of it (it runs to the end).
+        absorbed = first + [o for o in others if o.onset_step > d.onset_step]
         for o in absorbed:
             out.remove(o)
         merged = dataclasses.replace(d, onset_step=min([d.onset_step] + [o.onset_step for o in absorbed]),

@@ -127,6 +127,23 @@ def growth_start(steps: np.ndarray, values: np.ndarray, before_step: int, min_gr
     return int(s[lo + hinge_onset(a[lo:hi])])
 
 
+def climb_se(values: np.ndarray, min_obs: int = 16) -> float:
+    """Standard errors by which the median of the later half of an excursion's values exceeds the earlier half's:
+    a change in slope reads positive (still climbing), a jump that stays flat near 0, one coming back down
+    negative (DETECTION.md section 5). Medians and the pooled MAD within each half keep heavy tails and the rise
+    itself out of the spread; the standard error of a median is sqrt(pi/2) sigma / sqrt(n). NaN with fewer than
+    ``min_obs`` finite values."""
+    x = values[np.isfinite(values)]
+    if len(x) < min_obs:
+        return math.nan
+    a, b = x[:len(x) // 2], x[len(x) // 2:]
+    ma, mb = float(np.median(a)), float(np.median(b))
+    spread = MAD_TO_SIGMA * float(np.median(np.abs(np.concatenate([a - ma, b - mb]))))
+    if not spread > 0:
+        return math.nan
+    return (mb - ma) / (math.sqrt(math.pi / 2) * spread * math.sqrt(1 / len(a) + 1 / len(b)))
+
+
 def _beyond_block_noise(y: np.ndarray, start: int, last: int, growth_z: float) -> bool:
     """Whether the climb of block medians ``y`` from ``start`` to ``last`` stands ``growth_z`` standard errors out of
     their own noise (in log terms: growth is a ratio); True with too few blocks before it to measure that noise
@@ -324,6 +341,10 @@ def cause_start(steps: np.ndarray, obs: Observations, onset: int, history: int, 
     if "lr" in obs:  # norms growing in the warm-up or after a warm restart are the model answering the schedule
         act, grad = (None if s is None or answers_the_schedule(steps, obs["lr"], s, lrc) else s for s in (act, grad))
     answer = int(steps[first_consequence(steps, rise)]) if rise is not None else None
+    if answer is not None and answer >= floor:
+        # The LR rise is the cause and its first consequence the onset: a norm "growing" before its cause is the
+        # hinge fit's error, not an earlier break.
+        act, grad = (None if s is None or s < answer else s for s in (act, grad))
     first = min([at] + [s for s in (act, grad, answer) if s is not None and s >= floor])
     return int(np.searchsorted(steps, first)), {"act_norm_climb_step": act, "grad_norm_climb_step": grad,
                                                 "lr_rise_step": lr_step}

@@ -44,6 +44,7 @@ from runwatch.detectors.core import (
 from runwatch.detectors.divergence import (
     LR_BEFORE_ROWS,
     cause_start,
+    climb_se,
     fell_into,
     first_consequence,
     in_warmup,
@@ -602,6 +603,10 @@ def classify(sc: SpikeScanner, ep: Episode, obs: Observations) -> Finding | None
         "recovery_steps": int(steps[ep.recovered_at] - steps[onset]) if ep.recovered_at is not None else None,
         "uncorroborated": quiet,
     }
+    if recovered is False and loss_moved:  # still climbing at the end is a change in slope: a divergence's shape
+        se = climb_se(loss[onset:end + 1], 2 * cfg.recovery_obs)
+        evidence.update(climb_se=None if math.isnan(se) else se,
+                        climbing=bool(se >= sc.ctx.config.divergence.growth_z))
     if recovered is False or lr_story["lr_still_raised"]:  # a divergence's onset is where the trend broke
         at, growth = cause_start(steps, obs, onset, sc.ctx.history, sc.ctx.config.divergence, sc.ctx.config.lr,
                                  until=peak_i)
