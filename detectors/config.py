@@ -418,6 +418,9 @@ class AdviceConfig:
     gradient-norm growth that marks a broken trend, ``DivergenceConfig.grad_growth``): OPT's logbook shows
     multiples before its blow-ups, while a small model's natural growth of tens of percent over hundreds of
     steps is no precursor (it walked a NaN's rollback hundreds of steps too far back)."""
+    act_climb_z: float = 3.0
+    """...and by 3 standard errors of the difference of the two medians (``DivergenceConfig.growth_z``, the bar a
+    norm's climb itself must clear): a ratio of two short medians of a noisy norm is no climb by itself."""
     learning_obs: int = 16
     """...nor is a climb the loss fell through: norms grow as a model learns (early training takes the final
     layer's activations several-fold up while the loss falls), and OPT's precursor is growth that buys nothing,
@@ -445,7 +448,8 @@ class AdviceConfig:
     recent_fraction: float = 0.05
 
     def __post_init__(self) -> None:
-        _check(self.learning_obs >= 2 and self.learning_z > 0, "need learning_obs >= 2 and learning_z > 0")
+        _check(self.learning_obs >= 2 and self.learning_z > 0 and self.act_climb_z > 0,
+               "need learning_obs >= 2, learning_z > 0 and act_climb_z > 0")
         _check(self.resume_obs >= 1 and self.resume_band > 0, "need resume_obs >= 1 and resume_band > 0")
 
 

@@ -127,21 +127,28 @@ def growth_start(steps: np.ndarray, values: np.ndarray, before_step: int, min_gr
     return int(s[lo + hinge_onset(a[lo:hi])])
 
 
-def climb_se(values: np.ndarray, min_obs: int = 16) -> float:
-    """Standard errors by which the median of the later half of an excursion's values exceeds the earlier half's:
-    a change in slope reads positive (still climbing), a jump that stays flat near 0, one coming back down
-    negative (DETECTION.md section 5). Medians and the pooled MAD within each half keep heavy tails and the rise
-    itself out of the spread; the standard error of a median is sqrt(pi/2) sigma / sqrt(n). NaN with fewer than
-    ``min_obs`` finite values."""
-    x = values[np.isfinite(values)]
-    if len(x) < min_obs:
+def median_shift_se(before: np.ndarray, after: np.ndarray) -> float:
+    """Standard errors by which the median of ``after`` exceeds the median of ``before``: the pooled MAD about
+    each one's own median keeps heavy tails and the shift itself out of the spread, and the standard error of a
+    median is sqrt(pi/2) sigma / sqrt(n). NaN without a spread."""
+    a, b = before[np.isfinite(before)], after[np.isfinite(after)]
+    if not len(a) or not len(b):
         return math.nan
-    a, b = x[:len(x) // 2], x[len(x) // 2:]
     ma, mb = float(np.median(a)), float(np.median(b))
     spread = MAD_TO_SIGMA * float(np.median(np.abs(np.concatenate([a - ma, b - mb]))))
     if not spread > 0:
         return math.nan
     return (mb - ma) / (math.sqrt(math.pi / 2) * spread * math.sqrt(1 / len(a) + 1 / len(b)))
+
+
+def climb_se(values: np.ndarray, min_obs: int = 16) -> float:
+    """How far the later half of an excursion's values sits above the earlier half (``median_shift_se``): a
+    change in slope reads positive (still climbing), a jump that stays flat near 0, one coming back down
+    negative (DETECTION.md section 5). NaN with fewer than ``min_obs`` finite values."""
+    x = values[np.isfinite(values)]
+    if len(x) < min_obs:
+        return math.nan
+    return median_shift_se(x[:len(x) // 2], x[len(x) // 2:])
 
 
 def _beyond_block_noise(y: np.ndarray, start: int, last: int, growth_z: float) -> bool:

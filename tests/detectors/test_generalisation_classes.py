@@ -1316,3 +1316,18 @@ def test_43_a_divergence_begins_no_earlier_than_the_lr_rise_that_caused_it() -> 
     [div] = [f for f in report.findings if f.kind in ("spike", "divergence")]
     assert (div.kind, div.onset_step) == ("divergence", 716), div
     assert report.rollback is not None and report.rollback.checkpoint_step == 714, report.rollback
+
+
+# 44. A ratio of two short medians of a noisy activation norm is no climb: the checkpoint before a NaN is healthy.
+
+def test_44_a_noisy_norms_drift_does_not_refuse_the_checkpoint_before_a_nan() -> None:
+    """Real CPU training (fresh seed 837336's run 033): batch 1, checkpoints every 25, the weights poisoned at step
+    373 (NaN from there). The activation norm drifts up 1.7 -> 4 over 300 steps as a small model's does, and its
+    medians of 8 stray by 20% and more: 8 rows after 326 against 8 before read as x1.6, a "climb", and checkpoint
+    350 was refused for 325. The climb must also stand 3 standard errors out of the two medians' noise
+    (``AdviceConfig.act_climb_z``; here ~2): advice 350, the last checkpoint before 371. Fails on a551057 (325)."""
+    steps, cols = _fresh_run("f837336-033")
+    events = json.loads((FIXTURES / "fresh" / "f837336-033-checkpoints.json").read_text())
+    report = analyze(rows_table(steps, **cols), events_table(events))
+    assert [(f.kind, f.onset_step) for f in report.findings if f.needs_action] == [("nan", 373)], report.findings
+    assert report.rollback is not None and report.rollback.checkpoint_step == 350, report.rollback
