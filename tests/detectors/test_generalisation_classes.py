@@ -1331,3 +1331,26 @@ def test_44_a_noisy_norms_drift_does_not_refuse_the_checkpoint_before_a_nan() ->
     report = analyze(rows_table(steps, **cols), events_table(events))
     assert [(f.kind, f.onset_step) for f in report.findings if f.needs_action] == [("nan", 373)], report.findings
     assert report.rollback is not None and report.rollback.checkpoint_step == 350, report.rollback
+
+
+# 45. A slowdown begins where the step time changed level, not where a host's ordinary slow stretch before it began.
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("wander_first", [True, False])
+def test_45_a_slowdown_begins_at_its_change_point_not_at_the_wander_before_it(seed: int, wander_first: bool) -> None:
+    """Fresh seed 890695's run 018: the host 40% slower from step 337 (its own wander, 4 of its sigmas), a slow
+    node 3x from 354. The CUSUM begins summing at the first raised observation, so the slowdown was reported from
+    337 (and the labelled one at 354 missed). Its onset is the maximum-likelihood change point of a step in the
+    log step time between where the CUSUM began and where it fired (``slowdown.step_change``). Fails on 9ebd07a
+    (onset 337-340) after the wander; guard: without it, the onset is 354 too."""
+    from runwatch.detectors.slowdown import detect_slowdowns
+
+    rng = np.random.default_rng(seed)
+    n = 1000
+    st = 0.47 * np.exp(rng.normal(0, 0.05, n))
+    if wander_first:
+        st[337:354] *= 1.12  # under every bar by itself, but the CUSUM begins summing there
+    st[354:480] *= 3.0
+    found = [f for f in detect_slowdowns(np.arange(n), st) if f.severity != "info"]
+    assert [(f.kind, f.end_step >= 470) for f in found] == [("slowdown", True)], found
+    assert abs(found[0].onset_step - 354) <= 1, found[0]
