@@ -108,10 +108,12 @@ def overlaps(a: Finding, b: Finding) -> bool:
 
 
 def _began_inside(f: Finding, episode: Finding) -> bool:
+    """Whether ``f`` began inside ``episode``'s span, in its segment."""
     return f.segment == episode.segment and episode.onset_step <= f.onset_step <= episode.end_step
 
 
 def _a_slow_rise(f: Finding) -> bool:
+    """A spike the CUSUM opened (a sustained rise, no observation far out) with no LR cause before it."""
     ev = f.evidence
     return ev.get("rule") == "cusum" and not ev.get("lr_raised") and ev.get("lr_step_up_step") is None
 
@@ -160,7 +162,8 @@ def merge_overlaps(findings: list[Finding], cfg: DetectorConfig = DEFAULT) -> li
     # CUSUM's, no LR cause) that begins then is the collapse's consequence, not a second incident. A jump, or a
     # move the LR made, is one skipped updates cannot explain.
     collapses = [f for f in out if f.kind == "scaler_collapse"]
-    out = [f for f in out if not (f.kind == "spike" and _a_slow_rise(f) and any(_began_inside(f, c) for c in collapses))]
+    out = [f for f in out
+           if not (f.kind == "spike" and _a_slow_rise(f) and any(_began_inside(f, c) for c in collapses))]
     for d in sorted([f for f in out if f.kind == "divergence"], key=lambda f: f.onset_step):
         if d not in out:
             continue
