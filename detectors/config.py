@@ -82,7 +82,19 @@ class LRConfig:
     loss answers a raised LR over tens of updates (the natural rises after the fresh sets' restarts began 10-20
     rows after them), and a fault later in the cycle must still be a fault."""
 
+    kink: float = 4.0
+    """A rise began where the LR left its schedule's path: the first row of the last step up in the slope of log
+    LR (per step) past ``kink`` x the largest change of that slope over the ``kink_rows`` rows before it. A
+    schedule bends its log LR smoothly (a cosine's slope changes by a few percent of itself from row to row;
+    a constant, linear or step schedule's not at all between its steps), while a ramp multiplies every update
+    by a factor, a step in the slope at its first row. On a decaying schedule that step comes well before the
+    LR's lowest point (where the ramp overtakes the decay): fresh seed 709008's run 129, a x1.002-1.008 ramp
+    on a cosine from step 782, lowest at 800; the rise read from the low put a checkpoint inside it."""
+    kink_rows: int = 8
+    """Rows before a candidate step in the slope whose own changes set its bar (``kink``)."""
+
     def __post_init__(self) -> None:
+        _check(self.kink > 1 and self.kink_rows >= 1, "need kink > 1 and kink_rows >= 1")
         _check(self.raise_factor > self.flat >= 1 and self.restart_slack >= 1,
                "need raise_factor > flat >= 1 and restart_slack >= 1")
         _check(self.held_steps >= 1 and self.lag_rows >= 1, "held_steps and lag_rows must be >= 1")

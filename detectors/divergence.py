@@ -247,7 +247,8 @@ def restart_before(steps: np.ndarray, lr: np.ndarray, onset: int, until: int, lr
 def lr_rise_start(steps: np.ndarray, lr: np.ndarray, onset: int, lrc: LRConfig, until: int | None = None) -> int | None:
     """Index of the first row of a learning-rate rise (to >= ``raise_factor`` x its lowest point in the last
     ``LR_LOOKBACK`` rows, looking twice as far back while that point is the window's first row: a slow ramp
-    started before it) that runs into the onset: the first update under the raised LR, the cause. A ramp may
+    started before it) that runs into the onset: the first update under the raised LR, the cause, where the
+    LR left its schedule's path (``rise_began``; on a decaying schedule a ramp begins before the lowest point). A ramp may
     reach the factor only after the loss began to move, so the rise is measured up to ``until`` (the excursion's
     peak; default the onset): a cause only has to precede the worst of its effect. None without one. The
     schedule is no cause: the warm-up that opens the run, or a warm restart (one step back up to a level the
@@ -258,27 +259,58 @@ def lr_rise_start(steps: np.ndarray, lr: np.ndarray, onset: int, lrc: LRConfig, 
     warm = warmup_end(steps, lr)
     start = 0 if warm is None else int(np.searchsorted(steps, warm))
     lo, lookback = max(start, onset - LR_LOOKBACK), LR_LOOKBACK
+    end = max(onset, until if until is not None else onset)
     while True:
-        idx = lo + np.flatnonzero(np.isfinite(lr[lo:onset + 1]) & (lr[lo:onset + 1] > 0))
-        if len(idx) < 2 or idx[-1] != onset:
+        idx = lo + np.flatnonzero(np.isfinite(lr[lo:end + 1]) & (lr[lo:end + 1] > 0))
+        at = int(np.searchsorted(idx, onset))
+        if at < 1 or at >= len(idx) or idx[at] != onset:
             return None
-        k = len(idx) - 1 - int(np.argmin(lr[idx][::-1]))  # the last lowest LR before the onset
+        top = at + int(np.argmax(lr[idx[at:]]))  # the highest LR from the onset to the peak
+        # The last lowest LR before that: on a decaying schedule a ramp's lowest point can follow the onset.
+        k = top - int(np.argmin(lr[idx[:top + 1]][::-1]))
         low = idx[k]
         if k == 0 and lo > start and lo == onset - lookback:  # a ramp longer than the window: its start lies further back
             lookback *= 2
             lo = max(start, onset - lookback)
             continue
-        end = max(onset, until if until is not None else onset)
-        top = lr[onset:end + 1]
-        top = float(np.nanmax(top)) if np.isfinite(top).any() else lr[onset]
-        if low >= onset or not lr[onset] > lr[low] or not top >= lrc.raise_factor * lr[low] \
-                or in_warmup(steps, lr, int(steps[low])):
+        if k >= top or not lr[idx[top]] >= lrc.raise_factor * lr[low] or in_warmup(steps, lr, int(steps[low])):
             return None
         first = int(idx[k + 1])
         if warm_restart(lr, low, first, trained_level(steps[:low + 1], lr[:low + 1], lrc), lrc):
             lo = first  # a warm restart: look for a rise after it
             continue
-        return first
+        began = int(idx[rise_began(steps[idx], lr[idx], k, 0, lrc)])  # where the LR left its schedule's path
+        return began if began <= onset else None  # a cause precedes its effect
+
+
+KINK_FLOOR = 1e-6
+"""The smallest step in log LR's slope per step that counts as a kink: float32 keeps an LR to ~6e-8 of itself, so
+a flat LR read back from a log moves its slope by ~1e-7 per row at most, while a ramp of x1.001 per update is
+1e-3."""
+
+
+def rise_began(at: np.ndarray, v: np.ndarray, low: int, lo: int, lrc: LRConfig) -> int:
+    """Index (into ``at``/``v``: the rows of a finite, positive LR) of the first raised row of the rise whose lowest
+    row is ``low``: the row after the last kink (``LRConfig.kink``) in the slope of log LR at or before the rise's
+    first interval, or after the first of consecutive kinks ending there, looked for back to row ``lo``; ``low + 1``
+    when there is none."""
+    a = max(lo, 0)
+    if low - a < 1:
+        return low + 1
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rate = np.diff(np.log(v[a:low + 2])) / np.maximum(np.diff(at[a:low + 2]), 1)  # interval i: row a+i -> a+i+1
+    jump = np.diff(rate)  # jump[i - 1]: the slope's change from interval i - 1 to interval i
+
+    def kink(i: int) -> bool:  # the slope steps up into interval i
+        before = np.abs(jump[max(0, i - 1 - lrc.kink_rows):i - 1])
+        return bool(jump[i - 1] > max(lrc.kink * float(before.max()) if len(before) else 0.0, KINK_FLOOR))
+
+    i = next((i for i in range(len(rate) - 1, 0, -1) if kink(i)), None)
+    if i is None:
+        return low + 1
+    while i > 1 and kink(i - 1):  # a bend over consecutive rows (a ramp that began between two logged rows)
+        i -= 1
+    return a + i + 1
 
 
 LR_BEFORE_ROWS = 16
@@ -563,8 +595,8 @@ SHIFT_BLOCK = 8
 
 def lr_raised_since(steps: np.ndarray, lr: np.ndarray, lrc: LRConfig, history: int = 0) -> int | None:
     """The first row of the LR's current raise, or None: the last row at which the LR stood ``raise_factor`` x or more
-    below its value now, walked back to the low its rise started from (a ramp's first row, not the row where
-    it crossed the factor). Not inside the opening warm-up, and not a warm restart (one step back up to a level the
+    below its value now, walked back to the low its rise started from and on to where it left the schedule's
+    path (``rise_began``: a ramp's first row, not the row where it crossed the factor). Not inside the opening warm-up, and not a warm restart (one step back up to a level the
     run already trained at): those are the schedule."""
     idx = np.flatnonzero(np.isfinite(lr) & (lr > 0))
     if len(idx) < 3 or idx[-1] != len(lr) - 1:
@@ -574,12 +606,14 @@ def lr_raised_since(steps: np.ndarray, lr: np.ndarray, lrc: LRConfig, history: i
     if not len(low):
         return None
     k = int(low[-1])
-    while k > 0 and v[k - 1] < v[k]:  # back down the rise to where it began
+    while k > 0 and v[k - 1] < v[k]:  # back down the rise to its lowest row
         k -= 1
-    first = k + 1
+    # Where it left the schedule's path, looked for no further back than a cause is (``LR_LOOKBACK``) nor before
+    # the history a resumed segment was seeded with.
+    first = rise_began(steps[idx], v, k, max(int(np.searchsorted(idx, history)), k - LR_LOOKBACK), lrc)
     if idx[first] <= history or in_warmup(steps, lr, int(steps[idx[first]])):
         return None
-    if warm_restart(v, k, first, trained_level(steps[idx[:k + 1]], v[:k + 1], lrc), lrc):
+    if warm_restart(v, first - 1, first, trained_level(steps[idx[:first]], v[:first], lrc), lrc):
         return None
     return int(idx[first])
 

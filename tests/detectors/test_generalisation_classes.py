@@ -1354,3 +1354,45 @@ def test_45_a_slowdown_begins_at_its_change_point_not_at_the_wander_before_it(se
     found = [f for f in detect_slowdowns(np.arange(n), st) if f.severity != "info"]
     assert [(f.kind, f.end_step >= 470) for f in found] == [("slowdown", True)], found
     assert abs(found[0].onset_step - 354) <= 1, found[0]
+
+
+# 46. An LR ramp begins where the LR left its schedule's path, which on a decaying schedule is before its lowest point.
+
+@pytest.mark.parametrize("name, onset, checkpoint", [("f709008-129", 782, 736), ("f837336-049", 1150, 1001)])
+def test_46_an_lr_ramp_on_a_decaying_schedule_begins_where_it_left_the_schedule(
+        name: str, onset: int, checkpoint: int) -> None:
+    """Real CPU training. Fresh seed 709008's run 129: cosine with warm restarts, logged every 2 steps, checkpoints
+    every 46; a ramp x1.002-1.008 per update from step 782 only slows the decay at first (the LR's lowest row is
+    ~800), and the loss breaks at 790. The rise was read from the lowest LR before the onset, which was the onset
+    itself: no LR cause, onset 790, checkpoint 782 (after the ramp's first update). Seed 837336's run 049: linear
+    decay logged every 25 steps, a ramp from between 1125 and 1150; the LR's lowest row is 1150, so the rise was
+    read from 1175 and the advice was 1144. A schedule bends log LR smoothly and a ramp steps its slope up
+    (``LRConfig.kink``): the onset is the first row past that step, and the advice precedes it. Fails on efb33c0
+    (onsets 790 and 1175, checkpoints 782 and 1144)."""
+    steps, cols = _fresh_run(name)
+    events = json.loads((FIXTURES / "fresh" / f"{name}-checkpoints.json").read_text())
+    report = analyze(rows_table(steps, **cols), events_table(events))
+    [div] = [f for f in report.findings if f.needs_action]
+    assert (div.kind, div.onset_step, div.evidence["lr_rise_step"]) == ("divergence", onset, onset), div
+    assert report.rollback is not None and report.rollback.checkpoint_step == checkpoint, report.rollback
+
+
+@pytest.mark.parametrize("every, ramp_at, first_row", [(1, 2400, 2400), (5, 2400, 2400), (25, 2390, 2400)])
+def test_46_a_slow_ramp_near_a_cosines_floor_begins_at_its_kink_not_at_the_lows_row(
+        every: int, ramp_at: int, first_row: int) -> None:
+    """Synthetic schedule: after a 100-step warm-up a cosine from 1e-3 down to a floor of 1e-4 at step 3,000, and a
+    ramp x1.001 per update from ``ramp_at``. Near the floor the cosine's decay slows, so the ramped LR keeps
+    falling for ~370 steps more: its lowest row is ~2,770, while the loss answers within tens of steps. The rise
+    (x1.5 over its low by the peak, 900 steps on) begins at the first logged row the ramp raised (a ramp that
+    began between two rows of a coarse log shows from the later one). Read from the lowest row before the
+    onset, the onset's own row, there was no rise (None on efb33c0). The schedule alone has no rise."""
+    from runwatch.detectors.config import LRConfig
+    from runwatch.detectors.divergence import lr_rise_start
+
+    t = np.arange(0, 3600, every)
+    sched = np.where(t < 100, 1e-3 * (t + 1) / 100, 1e-4 + 0.5 * 9e-4 * (1 + np.cos(np.pi * np.minimum(t, 3000) / 3000)))
+    ramp = sched * 1.001 ** np.clip(t - ramp_at + 1, 0, None)
+    onset, peak = int(np.searchsorted(t, ramp_at + 40)), int(np.searchsorted(t, ramp_at + 900))
+    assert int(np.argmin(ramp[onset:peak])) > 300 // every  # the LR still falls long after the onset
+    assert t[lr_rise_start(t, ramp, onset, LRConfig(), until=peak)] == first_row
+    assert lr_rise_start(t, sched, onset, LRConfig(), until=peak) is None
