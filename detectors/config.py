@@ -262,8 +262,11 @@ class ScalerConfig:
     level_window: float = 8.0
     """Growth intervals over which the median logged scale is the scaler's usual level, from which a halving
     chain's depth is counted (a sawtooth spends most of its time within one doubling of it)."""
-    recovered_within: float = 4.0
-    """Halvings: back within 2^4 of the scale before the burst counts as regrown (one step from 8 to 16 does not)."""
+    recovered_within: float = 2.0
+    """Halvings: back within 2^2 of the scale before the burst counts as regrown: the depth of a healthy sawtooth
+    (one or two halvings, ``min_halvings``), so the scaler is back in its normal range. A scale still deeper than
+    that below is still the collapse (with 2^4, the very depth that makes a chain a collapse counted as regrown:
+    fresh seed 368521's run 028, 524288 -> 256 and back to 65536 only, "back to normal")."""
     patience_steps: int = 200
     """A collapse not over this many steps after its last skip needs action."""
     change_point_slack: float = 1.92

@@ -20,8 +20,11 @@ ever grew in the first ``calibration_steps`` training steps, is the scaler
 finding its level: a property of the scale and of the step number, not of the
 row index, so a log excerpt that starts late is judged in full. A collapse is
 over when the sum is back at 0 and the scale grew back to within
-2^``recovered_within`` of where it was; one still skipping at the last step,
-under the floor, or not over ``patience_steps`` after its last skip needs action.
+2^``recovered_within`` of where it was (recovered), or when the sum is back at
+0 and nothing was skipped for ``patience_steps`` with the scale still lower
+(not recovered, unless it regrows before the next incident: a late recovery;
+a later burst is another collapse); one still skipping at the last step, under
+the floor, or not over ``patience_steps`` after its last skip needs action.
 """
 
 from __future__ import annotations
@@ -116,6 +119,11 @@ class ScalerScanner:
                                                              else int(steps[i]))
             if ch is not None and ch["calibration"] and since >= self.cfg.calibration_steps:
                 ch = self.chain = None  # the opening calibration is over: a later halving starts a chain of its own
+            if ch is not None and "alarm" in ch and int(steps[i]) - int(steps[ch["last_skip"]]) > self.cfg.patience_steps:
+                # A collapse that never regrew, over (no halving for ``patience_steps``): this halving begins another.
+                ch["end"], ch["regrown"] = ch["last_skip"], False
+                self.chain_closed.append(ch)
+                ch = self.chain = None
             if ch is None:
                 ch = self.chain = {"first": i, "first_lo": i, "last_skip": i, "min": now, "min_i": i,
                                    "before": before, "ref": min(before, self._ceiling(i, steps)),
@@ -128,7 +136,12 @@ class ScalerScanner:
             ch["halvings"] = math.log2(ch["ref"] / now) if now > 0 and ch["ref"] > 0 else math.inf
             if "alarm" not in ch and ch["halvings"] >= self.cfg.min_halvings and not ch["calibration"]:
                 ch["alarm"] = i
-                ch["first"], ch["first_lo"] = self._onset(ch["first"], i, steps)
+                # The scale a row logs is the one its step ran with: the first decrease shows the halving of the
+                # skip flagged on the row before it. A burst of flagged skips running into it began at its first.
+                start, own = ch["first"], self.own_skip.view
+                while start > 0 and own[start] and own[start - 1] and int(steps[start]) - int(steps[start - 1]) == 1:
+                    start -= 1
+                ch["first"], ch["first_lo"] = self._onset(start, i, steps)
             ch["num_skipped"] += max(round(math.log2(before / now)), 1) if now > 0 and before > 0 else 1
             if now < ch["min"]:
                 ch["min"], ch["min_i"] = now, i
@@ -216,12 +229,17 @@ class ScalerScanner:
                 self._absorb(ep, first, p, scale)
             x = scale[p:n]
             low = np.isfinite(x) & np.isfinite(ep["before"]) & (x < ep["before"] / within)
-            done = np.flatnonzero((s[p - lo:] <= 0.0) & ~low)
+            # Or the skipping has been over for ``patience_steps`` with the scale still low: the collapse ended
+            # without the scaler regrowing (it did not recover), and a later burst is an incident of its own.
+            hit = np.where(self.all_skips.view[p:n] > 0, np.arange(p, n), -1)
+            last = np.maximum(np.maximum.accumulate(hit), ep["last_skip"])
+            idle = steps[p:n] - steps[last] > self.cfg.patience_steps
+            done = np.flatnonzero((s[p - lo:] <= 0.0) & (~low | idle))
             stop = p + int(done[0]) if len(done) else n
             self._absorb(ep, p, stop, scale)
             if not len(done):
                 return
-            ep["end"] = ep["last_skip"]
+            ep["end"], ep["regrown"] = ep["last_skip"], not bool(low[done[0]])
             self.closed.append(ep)
             self.episode = None
             p = stop + 1
@@ -276,10 +294,19 @@ class ScalerScanner:
 
     def findings(self, obs: Observations) -> list[Finding]:
         steps = obs["step"]
-        items = [(ep, True) for ep in self.closed + self.chain_closed]
+        items = [(ep, ep.get("regrown", True)) for ep in self.closed + self.chain_closed]
         items += [(ep, None) for ep in (self.episode, self.chain) if ep is not None and self._counts(ep)]
         items = [(ep, rec) for ep, rec in items if self._counts(ep)]
         items.sort(key=lambda it: it[0]["first"])
+        # One that ended without regrowing and regrew later, before the next incident, recovered late: a late
+        # recovery is a recovery (the scaler regrows a doubling per growth interval, the run went on healthy).
+        scale, within = obs["loss_scale"], 2.0 ** self.cfg.recovered_within
+        for k, (ep, rec) in enumerate(items):
+            if rec is False and math.isfinite(ep["before"]):
+                upto = next((it[0]["first"] for it in items[k + 1:] if it[0]["first"] > ep["end"]), len(steps))
+                with np.errstate(invalid="ignore"):
+                    if np.any(scale[ep["end"] + 1:upto] >= ep["before"] / within):
+                        items[k] = (ep, True)
         merged: list[tuple[dict, bool | None]] = []
         for ep, rec in items:  # one incident, one finding: a skip burst and its halving chain overlap
             if merged and ep["first"] <= merged[-1][0].get("end", len(steps) - 1) + 1:
@@ -294,7 +321,7 @@ class ScalerScanner:
                     both["end"] = max(prev.get("end", -1), ep.get("end", -1))
                 if rec is None or prev_rec is None:
                     both.pop("end", None)
-                merged.append((both, None if None in (rec, prev_rec) else True))
+                merged.append((both, None if None in (rec, prev_rec) else rec and prev_rec))
             else:
                 merged.append((ep, rec))
         out = [self._classify(ep, rec, obs) for ep, rec in merged]
@@ -314,7 +341,7 @@ class ScalerScanner:
         still_skipping = recovered is None and ep["last_skip"] >= n - 2
         if recovered is None and (below or still_skipping or int(steps[n - 1]) - int(steps[ep["last_skip"]]) > cfg.patience_steps):
             recovered = False
-        # A scale still 16x (or more) below where it was is a run training at degraded precision now: act,
+        # A scale still deeper than a healthy sawtooth below where it was is a run training at degraded precision now: act,
         # unlike a young loss excursion, it cannot come back within a few steps (regrowth takes growth intervals).
         needs = recovered is not True
         halvings = math.log2(before / low) if math.isfinite(low) and math.isfinite(before) and 0 < low < before else 0.0

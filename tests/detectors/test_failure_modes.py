@@ -64,8 +64,10 @@ def test_halving_burst_below_floor_needs_action() -> None:
 
 
 def test_burst_that_regrows_is_self_recovered() -> None:
-    # DeepSpeed reward model: 512 -> 8 in a burst, then the scale grows back.
+    # DeepSpeed reward model: 512 -> 8 in a burst, then the scale grows back (to 16384, within a sawtooth's two
+    # halvings of the 65536 it overflowed at before: ``ScalerConfig.recovered_within``).
     regrow = [64.0] * 30 + [128.0] * 30 + [256.0] * 30 + [512.0] * 30 + [1024.0] * 30 + [2048.0] * 30 + [4096.0] * 30
+    regrow += [8192.0] * 30 + [16384.0] * 30
     scale = np.array(_sawtooth(5) + [2.0 ** k for k in range(15, 5, -1)] + regrow)
     [f] = detect_scaler_collapse(np.arange(len(scale)), scale)
     assert f.self_recovered is True and not f.needs_action

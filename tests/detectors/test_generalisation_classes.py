@@ -1396,3 +1396,76 @@ def test_46_a_slow_ramp_near_a_cosines_floor_begins_at_its_kink_not_at_the_lows_
     assert int(np.argmin(ramp[onset:peak])) > 300 // every  # the LR still falls long after the onset
     assert t[lr_rise_start(t, ramp, onset, LRConfig(), until=peak)] == first_row
     assert lr_rise_start(t, sched, onset, LRConfig(), until=peak) is None
+
+
+
+# 47. A collapse is over when the scaler is back in its sawtooth's range; one that stops skipping still deeper did
+#     not recover (unless it regrows later), and a burst after it is a collapse of its own.
+
+def _grad_scaler(n: int, overflows: set[int], interval: int, scale: float = 2.0 ** 19) -> tuple[np.ndarray, ...]:
+    """GradScaler's loss scale as a run logs it (the scale each step ran with) and its found_inf flag, per step
+    1..n: an overflow halves the scale for the next step, ``interval`` clean steps in a row double it. Besides
+    the forced ``overflows``, a step overflows whenever its scale is above the first one (the sawtooth)."""
+    scales, flags, clean, cap = [], [], 0, scale
+    for step in range(1, n + 1):
+        scales.append(scale)
+        flags.append(step in overflows or scale > cap)
+        if flags[-1]:
+            scale, clean = scale / 2, 0
+        else:
+            clean += 1
+            if clean == interval:
+                scale, clean = scale * 2, 0
+    return np.arange(1, n + 1), np.asarray(scales), np.asarray(flags)
+
+
+def _scaler_report(steps: np.ndarray, scale: np.ndarray, flags: np.ndarray, interval: int,
+                   every: int = 100) -> Report:
+    n = len(steps)
+    events = [{"event": "checkpoint", "step": s, "payload": {"path": f"ckpt/{s}"}} for s in range(every, n, every)]
+    return analyze(rows_table(steps, loss=loss_curve(n), grad_norm=grad_curve(n), loss_scale=scale, found_inf=flags),
+                   events_table(events), meta={"scaler": {"init_scale": 2.0 ** 19, "growth_interval": interval}})
+
+
+@pytest.mark.parametrize("n, recovered", [(1750, False), (2100, True)])
+def test_47_a_collapse_still_deeper_than_a_sawtooth_when_it_stops_skipping_did_not_recover(
+        n: int, recovered: bool) -> None:
+    """Fresh seed 368521's run 028 in GradScaler's terms: 11 overflows every other step from 900 take the scale
+    2^19 -> 2^8; then nothing skips, and it regrows a doubling per 100 clean steps: 2^16 by 1720, three halvings
+    below where it was. With 2^4 as "regrown" that read "the scaler is back to normal", no advice; the labels
+    want a rollback. Back means back in a healthy sawtooth's range (two halvings, ``recovered_within``): still
+    2^3 below at the end it did not recover (critical, checkpoint 800 before the burst). Regrown to 2^17 later
+    (a run to 2100), it recovered late: a warning, no advice. Fails on efb33c0 for n = 1750 (back to normal)."""
+    steps, scale, flags = _grad_scaler(n, set(range(900, 921, 2)), 100)
+    report = _scaler_report(steps, scale, flags, 100)
+    [collapse] = [f for f in report.findings if f.kind == "scaler_collapse"]
+    assert (collapse.onset_step, collapse.self_recovered, collapse.needs_action) == (900, recovered, not recovered)
+    assert ("did not recover" in collapse.message) is not recovered, collapse.message
+    assert (report.rollback.checkpoint_step if report.rollback else None) == (None if recovered else 800)
+
+
+def test_47_a_burst_long_after_a_collapse_that_never_regrew_is_a_collapse_of_its_own() -> None:
+    """GradScaler with a growth interval of 400: a burst of 11 overflows at 900-920 (2^19 -> 2^8), regrown only to
+    2^10 700 steps later, when every step starts overflowing (1620 to the end: the scale driven to its bottom).
+    The first episode stayed open while the scale was low and swallowed the second: one finding from 900. Its
+    skip CUSUM back at 0 and nothing skipped for ``patience_steps`` with the scale still low ends it (not
+    recovered); the later burst is a second finding, still skipping at the last step. Fails on efb33c0 (one
+    finding)."""
+    steps, scale, flags = _grad_scaler(1800, set(range(900, 921, 2)) | set(range(1620, 1801)), 400)
+    found = [f for f in _scaler_report(steps, scale, flags, 400).findings if f.kind == "scaler_collapse"]
+    assert [(f.onset_step, f.self_recovered, f.needs_action) for f in found] == [(900, False, True), (1620, False, True)]
+    assert found[1].evidence["still_skipping"], found[1].evidence
+
+
+def test_47_a_halving_chain_begins_at_the_first_flagged_skip_of_its_burst() -> None:
+    """Fresh seed 709008's run 002: consecutive overflows from 361 (flagged), 65536 -> 1024, with a learned growth
+    interval of ~213. Here five, 2^17 -> 2^12, with an interval of 250 (each skip adds log(0.05 / 0.004) = 2.5 to
+    the skip CUSUM: 12.6, under its 15), so the halving chain finds it, and the scale is still 2^3 low at 970. The scale a row logs is the one its step ran with: the first decrease shows at
+    362, and the chain began there, so the advice was checkpoint 360, which holds the update after the first
+    skip's batch. The onset is the first flagged skip of the burst that runs into the decrease: 361, checkpoint
+    240 (checkpoints every 120). Fails on efb33c0 (362, checkpoint 360)."""
+    steps, scale, flags = _grad_scaler(970, set(range(361, 366)), 250, scale=65536.0)
+    report = _scaler_report(steps, scale, flags, 250, every=120)
+    [collapse] = [f for f in report.findings if f.kind == "scaler_collapse"]
+    assert collapse.onset_step == 361, collapse
+    assert report.rollback is not None and report.rollback.checkpoint_step == 240, report.rollback
