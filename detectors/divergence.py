@@ -246,14 +246,13 @@ def restart_before(steps: np.ndarray, lr: np.ndarray, onset: int, until: int, lr
 
 def lr_rise_start(steps: np.ndarray, lr: np.ndarray, onset: int, lrc: LRConfig, until: int | None = None) -> int | None:
     """Index of the first row of a learning-rate rise (to >= ``raise_factor`` x its lowest point in the last
-    ``LR_LOOKBACK`` rows, looking twice as far back while that point is the window's first row: a slow ramp
-    started before it) that runs into the onset: the first update under the raised LR, the cause, where the
-    LR left its schedule's path (``rise_began``; on a decaying schedule a ramp begins before the lowest point). A ramp may
-    reach the factor only after the loss began to move, so the rise is measured up to ``until`` (the excursion's
-    peak; default the onset): a cause only has to precede the worst of its effect. None without one. The
-    schedule is no cause: the warm-up that opens the run, or a warm restart (one step back up to a level the
-    run already trained at, as the spike detector's ``lr_scheduled`` reads it); a rise after a restart
-    still counts."""
+    ``LR_LOOKBACK`` rows, looking twice as far back while that point is the window's first row: a slow ramp started
+    before it) that runs into the onset: the first update under the raised LR, the cause, where the LR left its
+    schedule's path (``rise_began``; on a decaying schedule a ramp begins before the lowest point). A ramp may reach
+    the factor only after the loss began to move, so the rise is measured up to ``until`` (the excursion's peak;
+    default the onset): a cause only has to precede the worst of its effect. None without one. The schedule is no
+    cause: the warm-up that opens the run, or a warm restart (one step back up to a level the run already trained
+    at, as the spike detector's ``lr_scheduled`` reads it); a rise after a restart still counts."""
     # The search starts after the opening warm-up: its first row is the lowest LR of a short or coarse log, and
     # a rise from there is the warm-up's, which would hide a ramp that began long after it.
     warm = warmup_end(steps, lr)
@@ -595,9 +594,9 @@ SHIFT_BLOCK = 8
 
 def lr_raised_since(steps: np.ndarray, lr: np.ndarray, lrc: LRConfig, history: int = 0) -> int | None:
     """The first row of the LR's current raise, or None: the last row at which the LR stood ``raise_factor`` x or more
-    below its value now, walked back to the low its rise started from and on to where it left the schedule's
-    path (``rise_began``: a ramp's first row, not the row where it crossed the factor). Not inside the opening warm-up, and not a warm restart (one step back up to a level the
-    run already trained at): those are the schedule."""
+    below its value now, walked back to the low its rise started from and on to where it left the schedule's path
+    (``rise_began``: a ramp's first row, not the row where it crossed the factor). Not inside the opening warm-up,
+    and not a warm restart (one step back up to a level the run already trained at): those are the schedule."""
     idx = np.flatnonzero(np.isfinite(lr) & (lr > 0))
     if len(idx) < 3 or idx[-1] != len(lr) - 1:
         return None

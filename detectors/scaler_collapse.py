@@ -119,7 +119,8 @@ class ScalerScanner:
                                                              else int(steps[i]))
             if ch is not None and ch["calibration"] and since >= self.cfg.calibration_steps:
                 ch = self.chain = None  # the opening calibration is over: a later halving starts a chain of its own
-            if ch is not None and "alarm" in ch and int(steps[i]) - int(steps[ch["last_skip"]]) > self.cfg.patience_steps:
+            idle = ch is not None and int(steps[i]) - int(steps[ch["last_skip"]]) > self.cfg.patience_steps
+            if idle and "alarm" in ch:
                 # A collapse that never regrew, over (no halving for ``patience_steps``): this halving begins another.
                 ch["end"], ch["regrown"] = ch["last_skip"], False
                 self.chain_closed.append(ch)
@@ -341,8 +342,9 @@ class ScalerScanner:
         still_skipping = recovered is None and ep["last_skip"] >= n - 2
         if recovered is None and (below or still_skipping or int(steps[n - 1]) - int(steps[ep["last_skip"]]) > cfg.patience_steps):
             recovered = False
-        # A scale still deeper than a healthy sawtooth below where it was is a run training at degraded precision now: act,
-        # unlike a young loss excursion, it cannot come back within a few steps (regrowth takes growth intervals).
+        # A scale still deeper than a healthy sawtooth below where it was is a run training at degraded precision
+        # now: act, unlike a young loss excursion, it cannot come back within a few steps (regrowth takes growth
+        # intervals).
         needs = recovered is not True
         halvings = math.log2(before / low) if math.isfinite(low) and math.isfinite(before) and 0 < low < before else 0.0
         evidence = {"scale_before": before if math.isfinite(before) else None,

@@ -1390,7 +1390,8 @@ def test_46_a_slow_ramp_near_a_cosines_floor_begins_at_its_kink_not_at_the_lows_
     from runwatch.detectors.divergence import lr_rise_start
 
     t = np.arange(0, 3600, every)
-    sched = np.where(t < 100, 1e-3 * (t + 1) / 100, 1e-4 + 0.5 * 9e-4 * (1 + np.cos(np.pi * np.minimum(t, 3000) / 3000)))
+    cosine = 1e-4 + 0.5 * 9e-4 * (1 + np.cos(np.pi * np.minimum(t, 3000) / 3000))
+    sched = np.where(t < 100, 1e-3 * (t + 1) / 100, cosine)
     ramp = sched * 1.001 ** np.clip(t - ramp_at + 1, 0, None)
     onset, peak = int(np.searchsorted(t, ramp_at + 40)), int(np.searchsorted(t, ramp_at + 900))
     assert int(np.argmin(ramp[onset:peak])) > 300 // every  # the LR still falls long after the onset
@@ -1453,17 +1454,19 @@ def test_47_a_burst_long_after_a_collapse_that_never_regrew_is_a_collapse_of_its
     finding)."""
     steps, scale, flags = _grad_scaler(1800, set(range(900, 921, 2)) | set(range(1620, 1801)), 400)
     found = [f for f in _scaler_report(steps, scale, flags, 400).findings if f.kind == "scaler_collapse"]
-    assert [(f.onset_step, f.self_recovered, f.needs_action) for f in found] == [(900, False, True), (1620, False, True)]
+    assert [(f.onset_step, f.self_recovered, f.needs_action) for f in found] == [(900, False, True),
+                                                                                (1620, False, True)]
     assert found[1].evidence["still_skipping"], found[1].evidence
 
 
 def test_47_a_halving_chain_begins_at_the_first_flagged_skip_of_its_burst() -> None:
     """Fresh seed 709008's run 002: consecutive overflows from 361 (flagged), 65536 -> 1024, with a learned growth
     interval of ~213. Here five, 2^17 -> 2^12, with an interval of 250 (each skip adds log(0.05 / 0.004) = 2.5 to
-    the skip CUSUM: 12.6, under its 15), so the halving chain finds it, and the scale is still 2^3 low at 970. The scale a row logs is the one its step ran with: the first decrease shows at
-    362, and the chain began there, so the advice was checkpoint 360, which holds the update after the first
-    skip's batch. The onset is the first flagged skip of the burst that runs into the decrease: 361, checkpoint
-    240 (checkpoints every 120). Fails on efb33c0 (362, checkpoint 360)."""
+    the skip CUSUM: 12.6, under its 15), so the halving chain finds it, and the scale is still 2^3 low at 970. The
+    scale a row logs is the one its step ran with: the first decrease shows at 362, and the chain began there, so
+    the advice was checkpoint 360, the state the first overflow's gradients came from. The onset is the first
+    flagged skip of the burst that runs into the decrease: 361, checkpoint 240 (checkpoints every 120). Fails on
+    efb33c0 (362, checkpoint 360)."""
     steps, scale, flags = _grad_scaler(970, set(range(361, 366)), 250, scale=65536.0)
     report = _scaler_report(steps, scale, flags, 250, every=120)
     [collapse] = [f for f in report.findings if f.kind == "scaler_collapse"]
