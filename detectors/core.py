@@ -145,6 +145,14 @@ MAD_SMALL_SAMPLE = {2: 1.196, 3: 1.495, 4: 1.363, 5: 1.206, 6: 1.200, 7: 1.140, 
 (n / (n - 0.8) beyond 9). A block of 4 step times would otherwise understate sigma by a quarter."""
 
 
+def two_level_sse(x: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """Least-squares error of ``x`` fitted by two constant levels split before each index of ``k`` (1 <= k < len(x)):
+    one jump, scored in O(1) per split from running sums."""
+    s, sq = np.cumsum(x), np.cumsum(x * x)
+    left = s[k - 1]
+    return sq[-1] - left ** 2 / k - (s[-1] - left) ** 2 / (len(x) - k)
+
+
 def mad_consistency(n: int) -> float:
     return MAD_SMALL_SAMPLE.get(n, n / (n - 0.8)) if n > 1 else 1.0
 

@@ -22,7 +22,7 @@ import math
 import numpy as np
 
 from runwatch.detectors.config import DivergenceConfig, LRConfig
-from runwatch.detectors.core import MAD_TO_SIGMA, BlockBaseline, row_median
+from runwatch.detectors.core import MAD_TO_SIGMA, BlockBaseline, row_median, two_level_sse
 from runwatch.detectors.finding import Finding, fmt_value
 from runwatch.detectors.scanner import Observations, ScanContext, own_findings
 
@@ -37,10 +37,7 @@ def _fit_sse(y: np.ndarray) -> tuple[float, float]:
     m = len(y)
     t = np.arange(m, dtype=np.float64)
     knots = np.arange(1, m - 1)
-    csum, csq = np.cumsum(y), np.cumsum(y * y)
-    left_n, right_n = knots, m - knots
-    left_s, right_s = csum[knots - 1], csum[-1] - csum[knots - 1]
-    sse_jump = (csq[-1] - left_s ** 2 / left_n - right_s ** 2 / right_n).min()
+    sse_jump = two_level_sse(y, knots).min()
     h = np.maximum(t[None, :] - knots[:, None], 0.0)
     hc, yc = h - h.mean(axis=1, keepdims=True), y - y.mean()
     slope = (hc @ yc) / np.maximum((hc * hc).sum(axis=1), 1e-300)

@@ -29,6 +29,7 @@ from runwatch.detectors.core import (
     cusum,
     first_run,
     safe_log,
+    two_level_sse,
 )
 from runwatch.detectors.config import SlowdownConfig
 from runwatch.detectors.finding import Finding
@@ -213,12 +214,8 @@ def step_change(log_t: np.ndarray, lo: int, trigger: int, end: int) -> int:
     x = log_t[first:hi]
     if trigger <= lo or lo == first or not np.isfinite(x).all():
         return lo
-    n = len(x)
-    c1, c2 = np.cumsum(x), np.cumsum(x * x)
     k = np.arange(lo - first, trigger - first + 1)  # observations before the split: the change at lo .. trigger
-    left = c2[k - 1] - c1[k - 1] ** 2 / k
-    right = (c2[-1] - c2[k - 1]) - (c1[-1] - c1[k - 1]) ** 2 / (n - k)
-    return first + int(k[np.argmin(left + right)])
+    return first + int(k[np.argmin(two_level_sse(x, k))])
 
 
 def stall_spells(stalls: list[Finding], cfg: SlowdownConfig, last_step: int) -> tuple[list[Finding], list[Finding]]:
