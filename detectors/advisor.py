@@ -23,8 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from runwatch.detectors.config import AdviceConfig, LRConfig
-from runwatch.detectors.core import MAD_TO_SIGMA
-from runwatch.detectors.divergence import act_growth_start, answers_the_schedule, median_shift_se
+from runwatch.detectors.divergence import act_growth_start, answers_the_schedule, loss_fell_through, median_shift_se
 from runwatch.detectors.finding import Finding, Rollback, SegmentInfo
 from runwatch.detectors.registry import NO_ROLLBACK_KINDS
 
@@ -121,7 +120,7 @@ def _state_back(ckpt_step: int, main: dict[str, np.ndarray], f: Finding, cfg: Ad
 def _climb(main: dict[str, np.ndarray], before_step: int, cfg: AdviceConfig, lrc: LRConfig) -> int | None:
     """Start of an activation-norm climb into ``before_step`` (after the warm-up) that has multiplied the norm by
     ``cfg.act_climb_ratio`` by then: OPT's precursor. A small model's natural growth of tens of percent is no
-    precursor, nor is growth that came with learning (``_learning``)."""
+    precursor, nor is growth that came with learning (``loss_fell_through``)."""
     steps, act = main["step"], main["act_norm"]
     start = _not_the_schedules(act_growth_start(steps, act, before_step), main, lrc)
     if start is None:
@@ -131,27 +130,13 @@ def _climb(main: dict[str, np.ndarray], before_step: int, cfg: AdviceConfig, lrc
     a, b = a[np.isfinite(a)], b[np.isfinite(b)]
     if not len(a) or not len(b) or np.median(a) <= 0:
         return None
-    if _learning(main["loss"][i:j], cfg):
+    if loss_fell_through(main["loss"][i:j], cfg.learning_obs, cfg.learning_z):
         return None
     # Grown the ratio, and beyond the noise of the two medians: on a batch-1 log the activation norm's medians of
     # 8 stray by 20% and more (seed 837336's run 033: a natural drift read as x1.6, and the checkpoint before a
     # NaN refused).
     grown = float(np.median(b) / np.median(a)) >= cfg.act_climb_ratio
     return start if grown and median_shift_se(np.log(a), np.log(b)) >= cfg.act_climb_z else None
-
-
-def _learning(loss: np.ndarray, cfg: AdviceConfig) -> bool:
-    """Did the loss fall over a climb, beyond its noise? The median of its first and of its last
-    ``cfg.learning_obs`` finite values, in standard errors of a difference of two such medians (1.2533 sigma /
-    sqrt(n) each; sigma from the loss's successive differences, blind to the trend)."""
-    loss = loss[np.isfinite(loss)]
-    n = cfg.learning_obs
-    if len(loss) < 2 * n:
-        return False
-    d = np.diff(loss)
-    sigma = MAD_TO_SIGMA * float(np.median(np.abs(d - np.median(d)))) / np.sqrt(2.0)
-    fall = float(np.median(loss[:n]) - np.median(loss[-n:]))
-    return fall > cfg.learning_z * np.sqrt(2.0) * 1.2533 * sigma / np.sqrt(n)
 
 
 def _not_the_schedules(growth: int | None, main: dict[str, np.ndarray], lrc: LRConfig) -> int | None:

@@ -215,7 +215,9 @@ class DivergenceConfig:
     precursor_act: float = 3.0
     """Activation norm x3 ..."""
     precursor_grad: float = 2.0
-    """... with gradient norm x2 on an accelerating climb: divergence before the loss moves (OPT's precursor)."""
+    """... with gradient norm x2 on an accelerating climb: divergence before the loss moves (OPT's precursor). Not
+    while the loss falls through the climb by ``growth_z`` standard errors (``divergence.loss_fell_through``, the
+    advice's ``learning_z`` rule): early training grows both norms several-fold as the loss falls fast."""
     lr_shift_z: float = 4.0
     """An LR raised 1.5x or more off the schedule is a known change point: the loss level after it against
     the level before, in standard errors of the difference of the two medians (from the block-to-block spread

@@ -189,11 +189,17 @@ def warm_restart(lr: np.ndarray, low: int, first: int, trained_max: float, lrc: 
     ``low`` the LR stood ``flat`` x above it; a step up from a level held flat that long (a step schedule's
     decayed LR, a constant one) is a change, not the schedule (seed 260854's run 141: x7.9 back up to 0.8 of
     the peak, 55 steps after a step decay, read as a restart). A restart decays or holds from its first row; a
-    ramp passing through the old levels on its way up goes on rising."""
+    ramp passing through the old levels on its way up goes on rising.
+
+    A step back to the trained level itself (within ``restart_slack`` either way) is a restart however the LR came
+    into it: a cosine with a floor flattens into its low, moving under 10% in the last ``lag_rows`` rows of a long
+    cycle (fresh seed 396069's run 010: 0.000121 -> 0.000116 over the 25 steps before its restart to 0.00231, the
+    first cycle's peak), and a fault's jump lands within 5% of an earlier peak only by chance."""
     after = lr[first + 1:first + 2]
     with np.errstate(invalid="ignore"):
+        back_to_peak = lr[first] * lrc.restart_slack >= trained_max
         return bool(lr[first] >= lrc.raise_factor * lr[low] and lr[first] <= lrc.restart_slack * trained_max
-                    and fell_into(lr, low, lrc) and not np.any(after > lrc.flat * lr[first]))
+                    and (back_to_peak or fell_into(lr, low, lrc)) and not np.any(after > lrc.flat * lr[first]))
 
 
 def fell_into(lr: np.ndarray, low: int, lrc: LRConfig) -> bool:
@@ -571,6 +577,10 @@ class DivergenceScanner:
         if act_ratio is None or grad_ratio is None or act_ratio < self.cfg.precursor_act \
                 or grad_ratio < self.cfg.precursor_grad:
             return None
+        if loss_fell_through(obs["loss"][i:], self.block, self.cfg.growth_z):
+            # The model learning, not blowing up: fresh seed 396069's run 116, act x3.5 and grad x2.3 over
+            # steps 36-201 after a 22-step warm-up, while the loss fell 4.1 -> 3.1.
+            return None
         # An LR rising into the climb is where it began. A slow ramp reaches ``raise_factor`` only as the norms climb
         # (seed 372696's run 071: x1.02 at the climb's start, x3.6 by the last row), so the rise is measured up to
         # the last row, the worst of the effect so far, as a spike's is up to its peak.
@@ -753,6 +763,21 @@ def lr_burst_shifts(obs: Observations, history: int, config: object, segment: in
                            severity="critical" if lasting else "warning", self_recovered=not lasting,
                            needs_action=lasting, evidence=evidence, message=message))
     return out
+
+
+def loss_fell_through(loss: np.ndarray, n: int, z: float) -> bool:
+    """Did the loss fall over a norms' climb, beyond its noise? The median of its first and of its last ``n``
+    finite values, ``z`` standard errors of a difference of two such medians apart (1.2533 sigma / sqrt(n)
+    each; sigma from the loss's successive differences, blind to the trend). Norms grow as a model learns (early
+    training takes them several-fold up while the loss falls fast), and OPT's precursor is growth that buys
+    nothing, before a loss that stalls or rises: the precursor finding and the advice's walk back both ask."""
+    loss = loss[np.isfinite(loss)]
+    if len(loss) < 2 * n:
+        return False
+    d = np.diff(loss)
+    sigma = MAD_TO_SIGMA * float(np.median(np.abs(d - np.median(d)))) / np.sqrt(2.0)
+    fall = float(np.median(loss[:n]) - np.median(loss[-n:]))
+    return fall > z * np.sqrt(2.0) * 1.2533 * sigma / np.sqrt(n)
 
 
 def _ratio(values: np.ndarray, before: slice, during: slice) -> float | None:

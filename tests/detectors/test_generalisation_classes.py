@@ -1472,3 +1472,60 @@ def test_47_a_halving_chain_begins_at_the_first_flagged_skip_of_its_burst() -> N
     [collapse] = [f for f in report.findings if f.kind == "scaler_collapse"]
     assert collapse.onset_step == 361, collapse
     assert report.rollback is not None and report.rollback.checkpoint_step == 240, report.rollback
+
+
+# 48. Norms that grow while the loss falls fast are the model learning, not OPT's precursor.
+
+def _early_growth(loss_falls: bool) -> Report:
+    """A 22-step warm-up and a cosine decay; from step 36 the activation norm grows ~4x and the gradient norm
+    ~2.5x over 160 steps, as a small model's do when it leaves its initialisation (fresh seed 396069's run 116,
+    healthy: x3.5 and x2.3 over steps 36-201 while the loss fell 4.1 -> 3.1). The data ends while they climb."""
+    n = 200
+    steps = np.arange(n)
+    lr = np.where(steps < 22, 1e-3 * (steps + 1) / 22, 1e-3 * (0.55 + 0.45 * np.cos(np.pi * steps / 400)))
+    rng = np.random.default_rng(3)
+    grow = np.clip((steps - 36) / 160, 0, None)
+    act = 5.0 * (1 + 3.0 * grow ** 1.5) * np.exp(rng.normal(0, 0.03, n))
+    grad = 0.5 * (1 + 1.5 * grow ** 1.5) * np.exp(rng.normal(0, 0.05, n))
+    level = 3.0 + 1.1 * np.exp(-steps / 60) if loss_falls else np.full(n, 3.9)
+    loss = level + rng.normal(0, 0.04, n)
+    return analyze(rows_table(steps, loss=loss, grad_norm=grad, act_norm=act, lr=lr), _ckpts([50, 100, 150]))
+
+
+def test_48_norms_growing_while_the_loss_falls_fast_are_learning_not_a_precursor() -> None:
+    """No divergence, no advice. Fails on 4420b62 (a critical divergence from step 55, 'before the loss has
+    moved'). Guard: the same growth with the loss flat is still OPT's precursor."""
+    learning = _early_growth(loss_falls=True)
+    assert not [f for f in learning.findings if f.kind == "divergence"], learning.findings
+    assert learning.rollback is None
+    stalled = _early_growth(loss_falls=False)
+    [f] = [f for f in stalled.findings if f.kind == "divergence"]
+    assert f.severity == "critical" and "precursor" in f.message, f
+
+
+# 49. A step back to the peak the run trained at is a warm restart, however flat the cosine's tail before it.
+
+def _restart_on_a_long_cycle(to: float) -> Report:
+    """Cosine with warm restarts every 1500 steps after a 100-step warm-up, down to 0.05 of the peak: over its
+    last 32 rows the LR moves under 2% (a cosine is flat at its low). At 1600 the LR steps up to ``to`` x the
+    peak and decays again; 12 steps later the loss rises 0.6 (12 sigmas) and decays back, as a clean twin's
+    does after its restart (fresh seed 396069's run 010, a warning at its restart at 1650)."""
+    n, peak = 2100, 3e-3
+    steps = np.arange(n)
+    lr = np.where(steps < 100, peak * (steps + 1) / 100, _sgdr(peak, steps - 100, 1500))
+    lr[1600:] *= to
+    loss = loss_curve(n, seed=4, noise=0.05)
+    t = np.arange(n - 1612)
+    loss[1612:] += 0.6 * np.exp(-t / 40)
+    return analyze(rows_table(steps, loss=loss, grad_norm=grad_curve(n, seed=14), lr=lr))
+
+
+def test_49_a_restart_back_to_the_peak_after_a_flat_cosine_tail_is_the_schedule() -> None:
+    """An 'info' finding naming the restart. Fails on 4420b62 (a critical: a restart had to follow a 10% fall
+    within 32 rows, which a long cycle's flat tail never shows). Guard: a step up to 0.8 of the peak from the
+    same flat tail (a level the run never held, from an LR that was not decaying) is still an alarm."""
+    [f] = [f for f in _restart_on_a_long_cycle(1.0).findings if f.kind in ("spike", "divergence")]
+    assert f.severity == "info" and f.evidence["lr_scheduled"], f
+    assert f.evidence.get("lr_restart_step") == 1600 or f.evidence["lr_raised"], f
+    guard = _restart_on_a_long_cycle(0.8)
+    assert _alarms(guard) and not any(f.evidence.get("lr_restart_step") for f in guard.findings), guard.findings
