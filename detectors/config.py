@@ -73,7 +73,9 @@ class LRConfig:
     ramp's first rows are already its cause; only a jump moves an onset forward to it)."""
     restart_slack: float = 1.05
     """A warm restart returns the LR to a level the run already trained at, within 5% (float rounding of the
-    schedule's peak, or a restart peak a little lower than the first): the schedule, not a cause."""
+    schedule's peak, or a restart peak a little lower than the first): the schedule, not a cause. A step to
+    within 5% of that peak either way is a restart from any low (``divergence.warm_restart``: a cosine with a floor
+    is flat at its low); a fault's jump, a factor drawn from a wide range, lands in so narrow a band only by chance."""
     held_steps: int = 8
     """Updates an LR must be held for, seen in two rows at least, to be a level the run trained at: a burst of a
     few updates is not one (a jump back up to a burst's LR is no warm restart)."""
