@@ -105,11 +105,15 @@ def growth_start(steps: np.ndarray, values: np.ndarray, before_step: int, min_gr
     y = row_median(a[tail:].reshape(nb, block))
     if not np.isfinite(y).all():
         return None
-    d, last = np.diff(y), nb - 1
+    # The walk is on log values where the norm stays positive: a norm grows by ratios (a blow-up is exponential),
+    # and on raw values the slopes of an exponential climb grow so fast that the walk stops a block or two from
+    # its end (fresh seed 122814's run 120: block medians 2.95, 4.31, 7.99, 19.5 read as a climb of the last two).
+    w = np.log(y) if (y > 0).all() else y
+    d, last = np.diff(w), nb - 1
     start = last
     for j in range(last - 1, -1, -1):
         local = (d[j] + d[j - 1]) / 2 if j >= 1 else d[j]
-        if local < (y[last] - y[j]) / (last - j) / 3 or local <= 0:
+        if local < (w[last] - w[j]) / (last - j) / 3 or local <= 0:
             break
         start = j
     if last - start < 2 or not y[last] >= min_growth * y[start] or start == 0:
@@ -581,6 +585,11 @@ class DivergenceScanner:
             # The model learning, not blowing up: fresh seed 396069's run 116, act x3.5 and grad x2.3 over
             # steps 36-201 after a 22-step warm-up, while the loss fell 4.1 -> 3.1.
             return None
+        if loss_shift_se(obs["loss"][i:], self.block) > self.cfg.growth_z:
+            # The loss already rose through the climb: the precursor is the divergence seen before the loss moves,
+            # and once it has, the loss detectors speak for it (fresh seed 118218's run 044: an LR burst's critical
+            # spike, not a divergence "before the loss moved").
+            return None
         # An LR rising into the climb is where it began. A slow ramp reaches ``raise_factor`` only as the norms climb
         # (seed 372696's run 071: x1.02 at the climb's start, x3.6 by the last row), so the rise is measured up to
         # the last row, the worst of the effect so far, as a spike's is up to its peak.
@@ -765,19 +774,27 @@ def lr_burst_shifts(obs: Observations, history: int, config: object, segment: in
     return out
 
 
-def loss_fell_through(loss: np.ndarray, n: int, z: float) -> bool:
-    """Did the loss fall over a norms' climb, beyond its noise? The median of its first and of its last ``n``
-    finite values, ``z`` standard errors of a difference of two such medians apart (1.2533 sigma / sqrt(n)
-    each; sigma from the loss's successive differences, blind to the trend). Norms grow as a model learns (early
-    training takes them several-fold up while the loss falls fast), and OPT's precursor is growth that buys
-    nothing, before a loss that stalls or rises: the precursor finding and the advice's walk back both ask."""
+def loss_shift_se(loss: np.ndarray, n: int) -> float:
+    """How far the loss moved over a norms' climb: the median of its last ``n`` finite values less that of its first
+    ``n`` (halves of a shorter climb, from 16 values on, as ``climb_se``), in standard errors of a difference of two
+    such medians (1.2533 sigma / sqrt(n) each; sigma from the loss's successive differences, blind to the trend).
+    NaN with fewer values or no spread."""
     loss = loss[np.isfinite(loss)]
-    if len(loss) < 2 * n:
-        return False
+    n = min(n, len(loss) // 2)
+    if n < 8:
+        return math.nan
     d = np.diff(loss)
     sigma = MAD_TO_SIGMA * float(np.median(np.abs(d - np.median(d)))) / np.sqrt(2.0)
-    fall = float(np.median(loss[:n]) - np.median(loss[-n:]))
-    return fall > z * np.sqrt(2.0) * 1.2533 * sigma / np.sqrt(n)
+    se = np.sqrt(2.0) * 1.2533 * sigma / np.sqrt(n)
+    return float(np.median(loss[-n:]) - np.median(loss[:n])) / se if se > 0 else math.nan
+
+
+def loss_fell_through(loss: np.ndarray, n: int, z: float) -> bool:
+    """Did the loss fall over a norms' climb by ``z`` standard errors (``loss_shift_se``)? Norms grow as a model
+    learns (early training takes them several-fold up while the loss falls fast), and OPT's precursor is growth
+    that buys nothing, before a loss that stalls or rises: the precursor finding and the advice's walk back both
+    ask."""
+    return bool(loss_shift_se(loss, n) < -z)
 
 
 def _ratio(values: np.ndarray, before: slice, during: slice) -> float | None:

@@ -1529,3 +1529,37 @@ def test_49_a_restart_back_to_the_peak_after_a_flat_cosine_tail_is_the_schedule(
     assert f.evidence.get("lr_restart_step") == 1600 or f.evidence["lr_raised"], f
     guard = _restart_on_a_long_cycle(0.8)
     assert _alarms(guard) and not any(f.evidence.get("lr_restart_step") for f in guard.findings), guard.findings
+
+
+# 50. A norm that blows up exponentially is a climb from where it began, not from its last two blocks.
+
+def test_50_an_exponential_norm_climb_is_found_from_its_start() -> None:
+    """Real CPU training (fresh seed 122814's run 120): batch 1, cosine with warm restarts, logged every 5 steps,
+    checkpoints every 22. A slow LR ramp from 430 rides the cosine's restart at 431; the activation norm's block
+    medians go 2.95, 4.31, 7.99, 19.5 and the gradient norm's 4.85, 6.41, 11.5, 30.5 to the last row, while the
+    batch-1 loss (0.07 to 28 row to row) shows no shift a median can see. The walk back from the end compared raw
+    slopes, and an exponential's grow so fast that it stopped after the last two blocks: no climb, no finding
+    above 'info', no advice (the labelled divergence from 430 wants checkpoint 418). A norm grows by ratios, so
+    the walk is on log values: a critical divergence (OPT's precursor) and checkpoint 418. Fails on 0aa249d."""
+    steps, cols = _fresh_run("f122814-120")
+    events = json.loads((FIXTURES / "fresh" / "f122814-120-checkpoints.json").read_text())
+    report = analyze(rows_table(steps, **cols), events_table(events))
+    [div] = [f for f in report.findings if f.kind == "divergence"]
+    assert div.severity == "critical" and "precursor" in div.message and 430 <= div.onset_step <= 460, div
+    assert report.rollback is not None and report.rollback.checkpoint_step == 418, report.rollback
+
+
+# 51. OPT's precursor is a divergence seen before the loss moves: once the loss has risen, the loss finding speaks.
+
+def test_51_the_precursor_yields_once_the_loss_has_risen() -> None:
+    """Real CPU training (fresh seed 118218's run 044, its first segment): an LR burst x93 at 144 throws the loss
+    3.3 -> 22.6 and it stays up to the rollback at 183. The activation norm began climbing at 134 with the burst's
+    approach, x3.9 by the end, the gradient norm x6.3: with the climb read on log values (test 50) the precursor
+    fired, 'before the loss has moved', took the spike's place and named a divergence from 134. The loss rose
+    through that climb by far more than ``growth_z`` standard errors of two medians, so the incident is the
+    spike the loss shows: critical, from 144. Fails with test 50's change alone (a divergence from 134)."""
+    steps, cols = _fresh_run("f118218-044")
+    report = analyze(rows_table(steps, **cols))
+    [exc] = [f for f in report.findings if f.kind in ("spike", "divergence")]
+    assert (exc.kind, exc.severity, exc.onset_step) == ("spike", "critical", 144), exc
+    assert "precursor" not in exc.message and exc.evidence["lr_raised"], exc
