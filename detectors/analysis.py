@@ -96,11 +96,15 @@ def _as_divergence(f: Finding, cfg: DetectorConfig) -> Finding:
                f"{ev['climb_se']:.1f} standard errors above the earlier)")
     message += f" ({', '.join(why)})" if why else ""
     if onset < f.onset_step:
-        what = "the learning rate began rising" if ev.get("lr_rise_step") == onset \
-            else "the gradient or activation norm began growing"
-        message += f"; {what} at {onset}, the loss {'rose from' if ev.get('climbing') else 'jumped at'} {f.onset_step}"
+        # The onset is a norm's climb or the LR rise's first consequence (``cause_start``), whichever came first.
+        norm = onset in (ev.get("act_norm_climb_step"), ev.get("grad_norm_climb_step"))
+        rise = ev.get("lr_rise_step")
+        what = "the gradient or activation norm began growing at" if norm or rise is None \
+            else "the learning rate began rising at" if rise == onset \
+            else f"the learning rate began rising at {rise}, its first loss at"
+        message += f"; {what} {onset}, the loss {'rose from' if ev.get('climbing') else 'jumped at'} {f.onset_step}"
     if raised:
-        message += "; the learning rate jumped at the onset and is still up"
+        message += "; the learning rate was raised at the onset and is still up"
     return dataclasses.replace(f, kind="divergence", message=message, self_recovered=False, needs_action=True,
                                severity="critical", onset_step=onset,
                                evidence={**ev, "from_spike": True, "loss_climb_step": f.onset_step})

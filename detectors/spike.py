@@ -51,6 +51,7 @@ from runwatch.detectors.divergence import (
     lr_before,
     lr_burst_shifts,
     lr_jump_inside,
+    lr_rise_start,
     lr_step_before,
     restart_before,
     trained_level,
@@ -494,6 +495,12 @@ def _lr_story(steps: np.ndarray, lr: np.ndarray, onset: int, end: int, history: 
         kept = lr[step_up:onset + 1]
         if not np.any(kept[np.isfinite(kept)] * lrc.raise_factor <= lr[step_up]):  # not stepped back down since
             anchor = step_up
+    # A ramp still rising into the excursion is read from where it left the schedule's path, not against the LR a
+    # few rows before the onset, which the ramp has already raised (fresh seed 371818's run 139: x1.027 a step from
+    # 1072, x25 by a spike at 1187 read as x1.3 against the rows just before it).
+    ramp = lr_rise_start(steps, lr, onset, lrc, until=peak)
+    if ramp is not None and history < ramp < anchor:
+        anchor = ramp
     level = lr_before(lr, anchor, history)
     cause = lr[max(anchor - 1, 0):max(onset, peak if peak is not None else onset) + 1]
     cause = cause[np.isfinite(cause)]
@@ -557,11 +564,15 @@ def classify(sc: SpikeScanner, ep: Episode, obs: Observations) -> Finding | None
         recovered = True
     if not loss_moved and (not grad_far or recovered is not True):
         return None  # the gradient norm alone moved to a new level: a trend, not an excursion
-    persistent = loss_moved and (sc.lasted(zl, far) or recovered is False)
     peak_i = onset + int(np.argmax(zl_c if loss_moved else zg_c))
     # The LR up to the peak is the cause's, except inside the opening warm-up, whose rise is the schedule's.
     lr_peak = None if in_warmup(steps, obs["lr"], int(steps[peak_i])) else peak_i
     lr_story = _lr_story(steps, obs["lr"], onset, end, sc.ctx.history, cfg.patience_obs, sc.ctx.config.lr, lr_peak)
+    # Lasting, or not back: no blip. Nor one still open while the LR that threw it stays raised off the schedule: a
+    # bad batch is over at once, a raised LR goes on acting (fresh seed 122814's run 123: an LR growing x1.027 a
+    # step, x8.8 when the loss went 3.5 -> 24 four rows before the log ended, read as "a bad batch?").
+    cause_on = recovered is None and lr_story["lr_still_raised"] and not lr_story["lr_scheduled"]
+    persistent = loss_moved and (sc.lasted(zl, far) or recovered is False or cause_on)
     lasting = _lasting_cost(sc, ep, loss, n) if recovered else {}
     # Worse than its trend would have been AND not even back to where it was: the spike cost real progress.
     costly = bool(lasting and min(lasting["lasting_cost_sigmas"], lasting["lasting_above_level_sigmas"]) >= cfg.lasting_sigmas

@@ -1563,3 +1563,37 @@ def test_51_the_precursor_yields_once_the_loss_has_risen() -> None:
     [exc] = [f for f in report.findings if f.kind in ("spike", "divergence")]
     assert (exc.kind, exc.severity, exc.onset_step) == ("spike", "critical", 144), exc
     assert "precursor" not in exc.message and exc.evidence["lr_raised"], exc
+
+
+# 52. An LR ramp still rising into an excursion is its cause from where the ramp began.
+
+def test_52_a_spike_on_a_rising_lr_ramp_reads_the_lr_from_the_ramps_start() -> None:
+    """Real CPU training (fresh seed 371818's run 139): batch 1, constant LR, checkpoints every 122. From 1072 the
+    LR grows x1.027 a step; at 1187 (x22) the loss jumps 2.9 -> 30 and the log ends 7 rows later. The LR story read
+    the LR of the rows just before the spike, already raised by the ramp: x1.3, no cause, a 'warning' spike and no
+    advice (the labelled divergence from 1072 wants checkpoint 976). Read from where the ramp left the schedule's
+    path, the LR is x22 and still raised: a critical divergence from the ramp's first loss, advice 976. Fails on
+    539bd87."""
+    steps, cols = _fresh_run("f371818-139")
+    events = json.loads((FIXTURES / "fresh" / "f371818-139-checkpoints.json").read_text())
+    report = analyze(rows_table(steps, **cols), events_table(events))
+    [div] = [f for f in report.findings if f.kind in ("spike", "divergence") and f.onset_step > 900]
+    assert (div.kind, div.severity, div.onset_step) == ("divergence", "critical", 1072), div
+    assert div.evidence["lr_ratio"] > 10 and "learning rate began rising at 1071" in div.message, div
+    assert report.rollback is not None and report.rollback.checkpoint_step == 976, report.rollback
+
+
+# 53. An excursion still open while the LR that threw it stays raised is no bad batch.
+
+def test_53_an_open_excursion_under_a_still_raised_lr_is_not_a_blip() -> None:
+    """Real CPU training (fresh seed 122814's run 123): batch 2, constant LR, logged every 10 steps, checkpoints
+    every 120. From 760 the LR grows x1.027 a step; at 840 (x8.8) the loss goes 3.5 -> 24 and the log ends four rows
+    later, the loss still above its band. Two far-out rows, not yet ``patience_obs`` old: 'a bad batch?', info, no
+    advice. A bad batch is over at once; a raised LR goes on acting. Open under an LR still raised off the
+    schedule, it is a divergence: critical, from the ramp's first loss (760), advice 720. Fails on 539bd87."""
+    steps, cols = _fresh_run("f122814-123")
+    events = json.loads((FIXTURES / "fresh" / "f122814-123-checkpoints.json").read_text())
+    report = analyze(rows_table(steps, **cols), events_table(events))
+    [div] = [f for f in report.findings if f.kind in ("spike", "divergence") and f.onset_step > 700]
+    assert (div.kind, div.severity, div.onset_step) == ("divergence", "critical", 760), div
+    assert report.rollback is not None and report.rollback.checkpoint_step == 720, report.rollback
