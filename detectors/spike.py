@@ -290,8 +290,10 @@ class SpikeScanner:
         level, scale, glevel, gscale, _ = (float(v[0]) for v in self._baselines(loss, at, at + 1))
         slope, span, floor = self.loss_base.slope(at)
         thr_l, thr_g = self._thresholds()
+        total = float(self.loss_base.total_scale(at, at + 1)[0])
         self.episode = Episode(onset=onset, trigger=trigger, rule=rule, end=trigger, frozen={
-            "level": level, "scale": scale, "glevel": glevel, "gscale": gscale, "slope": slope, "span": span,
+            "level": level, "scale": scale, "total": total if math.isfinite(total) else scale,
+            "glevel": glevel, "gscale": gscale, "slope": slope, "span": span,
             "floor": min(floor, level),
             "t0": float(self.coord.view[onset]), "thr_loss": thr_l, "thr_grad": thr_g},
             data={"grad_led": led_by == 1 and rule == "shewhart", "loss_moved": self._loss_far(loss, onset, trigger + 1)})
@@ -585,7 +587,12 @@ def classify(sc: SpikeScanner, ep: Episode, obs: Observations) -> Finding | None
     # one still out at the end of the data is no more a fault than one that came back. Annotated, open or not,
     # unless it left a lasting cost; paged once something corroborates it (a far-out value, the LR, the norm).
     lr_moved = lr_story["lr_raised"] or lr_story["lr_step_up_step"] is not None
-    quiet = cfg.corroborate_shifts and ep.rule != "shewhart" and num_far == 0 and not grad_far and not lr_moved
+    # A far-out value corroborates a shift only past the bar against the run's variability with its wander (the
+    # scale the CUSUM itself reads): over tens of observations a shift of a few sigmas of a wandering loss puts
+    # some values past the bar of its short-term noise by chance (fresh seed 396069's run 122: a late rebound the
+    # clean twin makes too, 169 steps long, 3 values past 6.5 short-term sigmas).
+    far_wander = far & (zl_c * f["scale"] / f["total"] > f["thr_loss"])
+    quiet = cfg.corroborate_shifts and ep.rule != "shewhart" and not far_wander.any() and not grad_far and not lr_moved
     if not persistent or (quiet and not costly) or (recovered is not False and lr_story["lr_scheduled"]):
         severity, needs = "info", False
     elif recovered is False or costly:

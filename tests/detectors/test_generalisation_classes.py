@@ -1597,3 +1597,22 @@ def test_53_an_open_excursion_under_a_still_raised_lr_is_not_a_blip() -> None:
     [div] = [f for f in report.findings if f.kind in ("spike", "divergence") and f.onset_step > 700]
     assert (div.kind, div.severity, div.onset_step) == ("divergence", "critical", 760), div
     assert report.rollback is not None and report.rollback.checkpoint_step == 720, report.rollback
+
+
+# 54. A far-out value corroborates a wandering loss's shift only past the bar of its variability with the wander.
+
+def test_54_a_late_rebound_with_values_past_the_short_term_bar_is_an_annotation() -> None:
+    """Real CPU training (fresh seed 396069's run 122): fp16, batch 85, step schedule, noisy host. An LR burst x32
+    at 1843 makes a spike that comes back (a warning, its label). From 2037 the loss, at 0.11 late in training,
+    rebounds to 0.5 and comes back after 169 steps: the CUSUM's sustained rise, with no LR move and the gradient
+    norm under its bar, which the clean twin makes too. Three of its values passed 6.5 sigmas of the short-term
+    noise, and each 'corroborated' it: a warning. Over 169 steps a shift of a few sigmas puts values there by
+    chance; against the scale the CUSUM reads (the wander included) none is far out: an annotation. Fails on
+    309f954. Guard: the LR burst's spike is still a warning."""
+    steps, cols = _fresh_run("f396069-122")
+    report = analyze(rows_table(steps, **cols))
+    [burst] = [f for f in report.findings if f.kind == "spike" and 1840 <= f.onset_step <= 1850]
+    assert burst.severity == "warning" and burst.evidence["lr_raised"], burst
+    [rebound] = [f for f in report.findings if f.kind == "spike" and 2030 <= f.onset_step <= 2045]
+    assert (rebound.severity, rebound.evidence["rule"], rebound.evidence["uncorroborated"]) == ("info", "cusum", True), rebound
+    assert rebound.evidence["observations_far_out"] > 0, rebound.evidence
