@@ -163,6 +163,12 @@ def merge_overlaps(findings: list[Finding], cfg: DetectorConfig = DEFAULT) -> li
     # the raise or the burst, that one (its climb or jump, its LR story and advice) is the finding.
     out = [f for f in out if not (f.evidence.get("rule") in ("lr_change_point", "lr_burst_change_point") and any(
         o is not f and o.kind == "divergence" and overlaps(f, o) for o in out))]
+    # OPT's precursor with the loss already rising through the climb gives way to the loss's own alarm where one
+    # covers it: the loss finding (a spike's jump, a climb) is then the incident, its onset and cause the loss's
+    # (fresh seed 118218's run 044: an LR burst's critical spike). With the loss's rise only noted, the norms
+    # are what pages it (dev set's divergence-05: act x5.4 and grad x6.2 under a sustained rise left 'info').
+    out = [f for f in out if not (f.evidence.get("rule") == "precursor" and f.evidence.get("loss_moved") and any(
+        o is not f and o.kind in LOSS_KINDS and o.severity != "info" and overlaps(f, o) for o in out))]
     # Once weights or values are non-finite an fp16 scaler skips every step: that collapse is the NaN's echo.
     nans = [f for f in out if f.kind == "nan"]
     out = [f for f in out if not (f.kind == "scaler_collapse" and any(_began_inside(f, n) for n in nans))]

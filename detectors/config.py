@@ -221,9 +221,9 @@ class DivergenceConfig:
     precursor_grad: float = 2.0
     """... with gradient norm x2 on an accelerating climb: divergence before the loss moves (OPT's precursor). Not
     while the loss falls through the climb by ``growth_z`` standard errors (``divergence.loss_fell_through``, the
-    advice's ``learning_z`` rule): early training grows both norms several-fold as the loss falls fast. Nor once the
-    loss has risen through it by as many: the precursor is the divergence seen before the loss moves, and after, the
-    loss's own finding (a spike, a climb) is the incident."""
+    advice's ``learning_z`` rule): early training grows both norms several-fold as the loss falls fast. Once the loss
+    has risen through it by as many, it says so (``loss_moved``) and gives way to an alarm of the loss's own that
+    covers it (a spike, a climb: that is then the incident); a rise the loss detectors only note, it pages."""
     lr_shift_z: float = 4.0
     """An LR raised 1.5x or more off the schedule is a known change point: the loss level after it against
     the level before, in standard errors of the difference of the two medians (from the block-to-block spread

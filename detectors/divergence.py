@@ -585,11 +585,10 @@ class DivergenceScanner:
             # The model learning, not blowing up: fresh seed 396069's run 116, act x3.5 and grad x2.3 over
             # steps 36-201 after a 22-step warm-up, while the loss fell 4.1 -> 3.1.
             return None
-        if loss_shift_se(obs["loss"][i:], self.block) > self.cfg.growth_z:
-            # The loss already rose through the climb: the precursor is the divergence seen before the loss moves,
-            # and once it has, the loss detectors speak for it (fresh seed 118218's run 044: an LR burst's critical
-            # spike, not a divergence "before the loss moved").
-            return None
+        # The loss rose through the climb by ``growth_z`` standard errors: no longer "before the loss moved". The
+        # finding stays (the norms corroborate a rise the loss detectors may only note), and gives way to an alarm of
+        # the loss's own where one covers it (``analysis.merge_overlaps``).
+        moved = bool(loss_shift_se(obs["loss"][i:], self.block) > self.cfg.growth_z)
         # An LR rising into the climb is where it began. A slow ramp reaches ``raise_factor`` only as the norms climb
         # (seed 372696's run 071: x1.02 at the climb's start, x3.6 by the last row), so the rise is measured up to
         # the last row, the worst of the effect so far, as a spike's is up to its peak.
@@ -599,9 +598,11 @@ class DivergenceScanner:
                        segment=self.ctx.segment, severity="critical", self_recovered=False, needs_action=True,
                        evidence={"act_norm_ratio": act_ratio, "grad_norm_ratio": grad_ratio,
                                  "act_norm_climb_step": climb, "lr_rise_step": onset if rise is not None else None,
-                                 "loss_moved": False, "detected_step": int(steps[-1])},
+                                 "rule": "precursor", "loss_moved": moved, "detected_step": int(steps[-1])},
                        message=f"diverging from step {onset}: activation norm x{act_ratio:.2g} and gradient norm "
-                               f"x{grad_ratio:.2g} and still climbing, before the loss has moved (OPT's precursor)")
+                               f"x{grad_ratio:.2g} and still climbing, "
+                               + ("the loss rising with them" if moved else "before the loss has moved")
+                               + " (OPT's precursor)")
 
 
 SHIFT_BLOCK = 8

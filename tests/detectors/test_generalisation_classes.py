@@ -1556,8 +1556,9 @@ def test_51_the_precursor_yields_once_the_loss_has_risen() -> None:
     3.3 -> 22.6 and it stays up to the rollback at 183. The activation norm began climbing at 134 with the burst's
     approach, x3.9 by the end, the gradient norm x6.3: with the climb read on log values (test 50) the precursor
     fired, 'before the loss has moved', took the spike's place and named a divergence from 134. The loss rose
-    through that climb by far more than ``growth_z`` standard errors of two medians, so the incident is the
-    spike the loss shows: critical, from 144. Fails with test 50's change alone (a divergence from 134)."""
+    through that climb by far more than ``growth_z`` standard errors of two medians, and the loss's own alarm
+    covers it, so the incident is the spike the loss shows: critical, from 144. Fails with test 50's change alone
+    (a divergence from 134). Guard: test 55 (a rise the loss detectors only note keeps the precursor)."""
     steps, cols = _fresh_run("f118218-044")
     report = analyze(rows_table(steps, **cols))
     [exc] = [f for f in report.findings if f.kind in ("spike", "divergence")]
@@ -1616,3 +1617,21 @@ def test_54_a_late_rebound_with_values_past_the_short_term_bar_is_an_annotation(
     [rebound] = [f for f in report.findings if f.kind == "spike" and 2030 <= f.onset_step <= 2045]
     assert (rebound.severity, rebound.evidence["rule"], rebound.evidence["uncorroborated"]) == ("info", "cusum", True), rebound
     assert rebound.evidence["observations_far_out"] > 0, rebound.evidence
+
+
+# 55. A precursor the loss rises with stays the finding where the loss's own rise is only noted.
+
+def test_55_a_precursor_with_the_loss_rising_pages_where_the_loss_finding_is_only_an_annotation() -> None:
+    """Real CPU training (the development set's divergence-05, ``tests/fixtures/fresh``): a slow LR ramp (x1.005 a
+    step) and the final layer's weights growing from 192, checkpoints every 50. The activation and gradient norms
+    climb x12; the loss rises 1.5 -> 4.4 slowly, a sustained rise the CUSUM finds and, with no value far out and
+    the gradient norm under its own 4x bar, notes ('info', uncorroborated). Test 51's first form (no precursor once
+    the loss rose through the climb) left the run with no alarm and no advice. The norms are the corroboration:
+    a critical divergence from the climb, 'the loss rising with them', and checkpoint 150. Fails on 8c550cc."""
+    steps, cols = _fresh_run("dev-divergence-05")
+    events = json.loads((FIXTURES / "fresh" / "dev-divergence-05-checkpoints.json").read_text())
+    report = analyze(rows_table(steps, **cols), events_table(events))
+    [div] = [f for f in report.findings if f.kind in ("spike", "divergence")]
+    assert (div.kind, div.severity) == ("divergence", "critical") and 185 <= div.onset_step <= 200, div
+    assert "the loss rising with them" in div.message and div.evidence["loss_moved"], div
+    assert report.rollback is not None and report.rollback.checkpoint_step == 150, report.rollback
