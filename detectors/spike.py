@@ -499,7 +499,7 @@ def _lr_story(steps: np.ndarray, lr: np.ndarray, onset: int, end: int, history: 
             anchor = step_up
     # A ramp still rising into the excursion is read from where it left the schedule's path, not against the LR a
     # few rows before the onset, which the ramp has already raised (fresh seed 371818's run 139: x1.027 a step from
-    # 1072, x25 by a spike at 1187 read as x1.3 against the rows just before it).
+    # 1072, x22 by the peak of a spike at 1187, read as x1.3 against the rows just before it).
     ramp = lr_rise_start(steps, lr, onset, lrc, until=peak)
     if ramp is not None and history < ramp < anchor:
         anchor = ramp
