@@ -29,6 +29,7 @@ from runwatch.detectors.segments import (
     segment_infos,
     split_segments,
 )
+from runwatch.detectors.spike import lr_still_up
 from runwatch.detectors.stall import live_stall
 
 LOSS_KINDS = ("spike", "divergence")
@@ -73,18 +74,13 @@ def _diverged(f: Finding, cfg: DetectorConfig) -> bool:
     jump that stays up without either is a spike that did not recover."""
     if f.kind != "spike" or f.evidence.get("blip"):
         return False
-    return _lr_still_up(f.evidence) or (f.needs_action and bool(f.evidence.get("climbing")))
-
-
-def _lr_still_up(ev: dict) -> bool:
-    """The LR that threw the excursion is still raised, off the schedule."""
-    return bool(ev.get("lr_still_raised")) and not ev.get("lr_scheduled")
+    return lr_still_up(f.evidence) or (f.needs_action and bool(f.evidence.get("climbing")))
 
 
 def _as_divergence(f: Finding, cfg: DetectorConfig) -> Finding:
     """Call it a divergence: the fix is the learning rate (or what drives the climb), not a data skip alone."""
     ev = f.evidence
-    raised = _lr_still_up(ev)
+    raised = lr_still_up(ev)
     grad, lr = ev.get("grad_norm_ratio"), ev.get("lr_ratio")
     why = ([f"learning rate x{lr:.2g}"] if raised and lr else []) + \
         [f"gradient norm x{grad:.2g}" for _ in [0] if grad and grad >= 1.5]

@@ -539,6 +539,11 @@ def _lr_story(steps: np.ndarray, lr: np.ndarray, onset: int, end: int, history: 
             "lr_step_up_step": int(steps[step_up]) if stepped else None}
 
 
+def lr_still_up(story: dict) -> bool:
+    """The LR that threw the excursion is still raised, off the schedule (an LR story, or evidence that holds one)."""
+    return bool(story.get("lr_still_raised")) and not story.get("lr_scheduled")
+
+
 def classify(sc: SpikeScanner, ep: Episode, obs: Observations) -> Finding | None:
     """Turn an episode into a finding, or None when it is no excursion of the loss worth one."""
     cfg, f = sc.cfg, ep.frozen
@@ -573,7 +578,7 @@ def classify(sc: SpikeScanner, ep: Episode, obs: Observations) -> Finding | None
     # Lasting, or not back: no blip. Nor one still open while the LR that threw it stays raised off the schedule: a
     # bad batch is over at once, a raised LR goes on acting (fresh seed 122814's run 123: an LR growing x1.027 a
     # step, x8.8 when the loss went 3.5 -> 24 four rows before the log ended, read as "a bad batch?").
-    cause_on = recovered is None and lr_story["lr_still_raised"] and not lr_story["lr_scheduled"]
+    cause_on = recovered is None and lr_still_up(lr_story)
     persistent = loss_moved and (sc.lasted(zl, far) or recovered is False or cause_on)
     lasting = _lasting_cost(sc, ep, loss, n) if recovered else {}
     # Worse than its trend would have been AND not even back to where it was: the spike cost real progress.
