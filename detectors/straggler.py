@@ -12,8 +12,9 @@ that pre-collective time is compared with the median of the other ranks'
 medians. A rank is slow in a block when its excess costs at least
 ``min_cost`` of the step time (every rank waits for it, every step) and is
 ``z`` standard errors of the difference of two block medians past chance. A
-straggler is ``persist_blocks`` slow blocks in a row; it ends after
-``recovery_blocks`` normal ones. The evidence also carries
+straggler is ``persist_blocks`` slow blocks in a row, dated from the first
+slow block of their stretch (slow blocks fewer than ``recovery_blocks``
+normal ones apart); it ends after ``recovery_blocks`` normal ones. The evidence also carries
 nvidia-resiliency-ext's relative score (the fastest rank's median over this
 rank's; below 0.75 it calls a straggler) so the two can be compared. Only
 complete blocks are judged, so streaming equals offline.
@@ -80,7 +81,7 @@ class StragglerScanner:
     def __init__(self, ctx: ScanContext) -> None:
         self.segment, self.cfg = ctx.segment, ctx.config.straggler
         self.num_blocks = 0
-        self.runs: dict[int, list[tuple[int, dict]]] = {}  # column -> the current run of slow blocks
+        self.runs: dict[int, _Episode] = {}  # column -> the current stretch of slow blocks, not yet an episode
         self.open: dict[int, _Episode] = {}
         self.closed: list[tuple[int, _Episode]] = []
 
@@ -115,29 +116,28 @@ class StragglerScanner:
             self._update(j, b, slow, detail)
 
     def _update(self, j: int, b: int, slow: bool, detail: dict | None) -> None:
-        """Follow column j's slow blocks: a run of ``persist_blocks`` opens an episode, ``recovery_blocks``
-        normal ones close it."""
-        ep = self.open.get(j)
-        if ep is not None:
-            if slow:
-                ep.last_slow_block, ep.quiet = b, 0
-                ep.costs.append(detail["cost"])
-                ep.details.append(detail)
-            else:
-                ep.quiet += 1
-                if ep.quiet >= self.cfg.recovery_blocks:
-                    self.closed.append((j, self.open.pop(j)))
-            return
+        """Follow column j's slow blocks. A stretch of them ends after ``recovery_blocks`` normal ones, whether
+        it is an episode yet or not: one block in which a neighbour's burst slowed the others too (a loaded CI
+        machine had one) does not move the onset of the slow stretch that goes on after it. A stretch becomes
+        an episode, dated from its first slow block, once ``persist_blocks`` of them come in a row."""
+        ep = self.open.get(j) or self.runs.get(j)
         if not slow:
-            self.runs.pop(j, None)
+            if ep is not None:
+                ep.quiet += 1
+                if ep.quiet >= self.cfg.recovery_blocks and j in self.open:
+                    self.closed.append((j, self.open.pop(j)))
+                elif ep.quiet >= self.cfg.recovery_blocks:
+                    del self.runs[j]
             return
-        run = self.runs.setdefault(j, [])
-        run.append((b, detail))
-        if len(run) >= self.cfg.persist_blocks:
-            details = [d for _, d in run]
-            self.open[j] = _Episode(first_block=run[0][0], detected_block=b, last_slow_block=b,
-                                    costs=[d["cost"] for d in details], details=details)
-            del self.runs[j]
+        if ep is None:
+            ep = self.runs[j] = _Episode(first_block=b, detected_block=b, last_slow_block=b)
+        ep.last_slow_block, ep.quiet = b, 0
+        ep.costs.append(detail["cost"])
+        ep.details.append(detail)
+        recent = [d["block"] for d in ep.details[-self.cfg.persist_blocks:]]
+        if j in self.runs and recent == list(range(b - self.cfg.persist_blocks + 1, b + 1)):
+            ep.detected_block = b
+            self.open[j] = self.runs.pop(j)
 
     def findings(self, obs: Observations) -> list[Finding]:
         steps, ranks, block = obs["step"], obs["rank"], self.cfg.block

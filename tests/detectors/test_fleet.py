@@ -25,11 +25,13 @@ STEP_S = 0.1
 
 def fleet_rows(num_ranks: int = 2, n: int = 600, *, slow: dict[int, tuple[int, float]] | None = None,
                seed: int = 0, pause: tuple[int, int, float] | None = None, grad_shift: dict | None = None,
-               nan_at: dict[int, int] | None = None, segment: int = 0) -> pa.Table:
+               nan_at: dict[int, int] | None = None, segment: int = 0,
+               burst: tuple[int, int, int, float] | None = None) -> pa.Table:
     """Rows of ``num_ranks`` synchronous ranks like ``Store.rows(run, rank=None)``.
 
     ``slow``: rank -> (from step, extra forward seconds); ``pause``: (rank, before step, seconds) of input
-    wait; ``grad_shift``: rank -> (from step, factor); ``nan_at``: rank -> step with a NaN loss.
+    wait; ``grad_shift``: rank -> (from step, factor); ``nan_at``: rank -> step with a NaN loss; ``burst``:
+    (rank, from step, to step, extra forward seconds), a neighbour's burst on that rank's host.
     """
     rng = np.random.default_rng(seed)
     steps = np.arange(n)
@@ -37,6 +39,9 @@ def fleet_rows(num_ranks: int = 2, n: int = 600, *, slow: dict[int, tuple[int, f
     data = rng.lognormal(np.log(0.002), 0.2, (n, num_ranks))
     for r, (start, extra) in (slow or {}).items():
         fwd[start:, r] += extra
+    if burst is not None:
+        r, lo, hi, extra = burst
+        fwd[lo:hi, r] += extra
     if pause is not None:
         r, at, seconds = pause
         data[at, r] += seconds
@@ -90,6 +95,17 @@ def test_a_small_straggler_the_anchor_misses_is_found() -> None:
     found = kinds(analyze_fleet(rows, meta=meta_for(2)), "straggler")
     assert [f.rank for f in found] == [0]
     assert found[0].severity == "info" and not found[0].evidence["anchor_flags"]
+
+
+def test_a_block_in_which_the_others_were_slowed_too_does_not_move_the_onset() -> None:
+    """A CI run on a loaded 2-core machine dated a straggler from step 100 at step 192: in one block a
+    neighbour's burst slowed the other rank as much, so that block was not slow, and only the run of slow blocks
+    after it counted. The stretch goes on through fewer than ``recovery_blocks`` normal blocks, as an episode
+    does."""
+    rows = fleet_rows(2, slow={1: (192, 0.02)}, burst=(0, 256, 288, 0.02), n=800)
+    found = kinds(analyze_fleet(rows, meta=meta_for(2)), "straggler")
+    assert [(f.rank, f.onset_step) for f in found] == [(1, 192)]
+    assert found[0].evidence["detected_step"] == 383  # opened by three slow blocks in a row, as before
 
 
 @pytest.mark.parametrize("seed", range(6))
