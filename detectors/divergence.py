@@ -324,9 +324,19 @@ LR_BEFORE_ROWS = 16
 update that caused it) whose median is "the LR before"."""
 
 
-def lr_before(lr: np.ndarray, onset: int, history: int = 0) -> float | None:
-    """The LR the run trained at just before an excursion (median of ``LR_BEFORE_ROWS`` rows), or None."""
-    before = lr[max(history, onset - 1 - LR_BEFORE_ROWS):max(history, onset - 1)]
+def lr_before(steps: np.ndarray, lr: np.ndarray, onset: int, history: int = 0) -> float | None:
+    """The LR the run trained at just before an excursion (median of ``LR_BEFORE_ROWS`` rows), or None. Not the
+    opening warm-up's rising rows, which are the schedule on its way to that LR (fresh seed 581459's run 049: an
+    excursion two rows of 10 steps after the warm-up, read as x2.1 against a median that took in the warm-up),
+    once it ended before the onset: from its last row (the LR it reached) on, that row included even where it is
+    the onset's own row before. Inside a warm-up, or an LR that rises to the log's end, the rows before are all
+    there is."""
+    lo, hi = max(history, onset - 1 - LR_BEFORE_ROWS), max(history, onset - 1)
+    warm = warmup_end(steps, lr)
+    if warm is not None and onset < len(steps) and warm < steps[onset]:
+        end = int(np.searchsorted(steps, warm))
+        lo, hi = max(lo, end), max(hi, end + 1)
+    before = lr[lo:hi]
     before = before[np.isfinite(before) & (before > 0)]
     return float(np.median(before)) if len(before) else None
 
@@ -354,7 +364,7 @@ def lr_jump_inside(steps: np.ndarray, lr: np.ndarray, onset: int, until: int, lr
     first jump is the schedule's warm restart and the LR jumps again from the restart's level before ``until``,
     the later jump is the one the loss answered (a restart at 396 and a burst at 405 put the onset at the
     restart, a checkpoint too early); a restart alone stays the change point (the schedule's)."""
-    level = lr_before(lr, onset, history) if level is None else level
+    level = lr_before(steps, lr, onset, history) if level is None else level
     if level is None or until <= onset:
         return None
     inside = lr[onset + 1:until + 1]
@@ -408,20 +418,30 @@ def warmup_end(steps: np.ndarray, lr: np.ndarray) -> int | None:
         if len(v) >= 3 or whole:
             if len(v) < 3 or not v[1] > v[0]:
                 return None
-            stop = np.flatnonzero(np.diff(v) <= 0)
+            # It ends where the LR stops rising, or before a rise per step over ``WARMUP_STEEPEN`` x the last: a
+            # warm-up's rise per step only slows (linear, cosine), and a burst on top of it steepens it at once
+            # (fresh seed 118218's run 090: x49 two steps after an 88-step warm-up, read as its last rise).
+            with np.errstate(divide="ignore", invalid="ignore"):
+                rate = np.diff(np.log(v)) / np.maximum(np.diff(steps[:m][ok]), 1)
+            stop = np.flatnonzero((rate <= 0) | np.r_[False, rate[1:] > WARMUP_STEEPEN * rate[:-1]])
             if len(stop) or whole:
                 return int(steps[:m][ok][stop[0] if len(stop) else -1])
         m *= 8
 
 
+WARMUP_STEEPEN = 2.0
+"""A rise of log LR per step over this many times the row before's ends the warm-up: float32 LRs move a
+warm-up's slowing rate by far less, and a burst steepens it many-fold."""
 WARMUP_PREFIX = 4096
 """Rows the warm-up's end is first looked for in (then 8x as many, until it is found or the rows end)."""
 
 
 def in_warmup(steps: np.ndarray, lr: np.ndarray, step: int) -> bool:
-    """True when ``step`` lies inside the LR warm-up that opens the run."""
+    """True when ``step`` lies inside the LR warm-up that opens the run, its last row (the LR it reached) included:
+    on a coarse log that row is the warm-up's last step up, not a raise (fresh seed 198280's run 113, a log every
+    25 steps, read its warm-up's end as an LR step up before an excursion)."""
     end = warmup_end(steps, lr)
-    return end is not None and step < end
+    return end is not None and step <= end
 
 
 def answers_the_schedule(steps: np.ndarray, lr: np.ndarray, step: int, lrc: LRConfig) -> bool:

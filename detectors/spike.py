@@ -113,7 +113,7 @@ class SpikeScanner:
             hi = min(n, self.pos + self.chunk)
             self.chunk = min(2 * self.chunk, SCAN_CHUNK)
             if self.episode is not None:
-                self._follow(loss, hi)
+                self._follow(obs, hi)
             else:
                 self._scan(loss, hi)
 
@@ -324,8 +324,8 @@ class SpikeScanner:
             return ((loss[lo:hi] - self.projection(ep, lo, hi)) / f["scale"],
                     (self.log_grad.view[lo:hi] - f["glevel"]) / f["gscale"])
 
-    def _follow(self, loss: np.ndarray, n: int) -> None:
-        ep, cfg, lo = self.episode, self.cfg, self.pos
+    def _follow(self, obs: Observations, n: int) -> None:
+        ep, cfg, lo, loss = self.episode, self.cfg, self.pos, obs["loss"]
         zl, zg = self.residuals(ep, loss, lo, n)
         moved = None
         with np.errstate(invalid="ignore"):
@@ -351,6 +351,13 @@ class SpikeScanner:
         far = below + above
         symmetric = (below >= cfg.persist_obs) & (below >= far / 2 - 1.165 * np.sqrt(far))
         refuted = int(np.argmax(symmetric)) if symmetric.any() else len(ok)
+        if refuted < min(recovered_by, len(ok)) and (ep.data.get("lr_cause") or self._lr_caused(ep, obs, lo + refuted)):
+            # The sign test refutes a level shift on the assumption that nothing changed: an LR raised off the
+            # schedule at the onset is a change, and a loss thrown both ways under it is that change's damage,
+            # not the run's noise growing (fresh seed 198280's run 100: LR x254, the loss 4.1 -> 82 and far
+            # below, called "the noise grew"). Decided once, at the first refutation, from the data up to it.
+            ep.data["lr_cause"] = True
+            refuted = len(ok)
         # Led by the gradient norm, which moved to a new level and stays there while the loss never left its
         # band: a trend (warm-up, a schedule change), not an excursion. Decided once, ``patience_obs`` in.
         trend_at = max(ep.onset + cfg.patience_obs - 1, lo) - lo if ep.data["grad_led"] else len(ok)
@@ -378,6 +385,13 @@ class SpikeScanner:
             self._close(ep, lo + start, loss)
             return
         ep.end, self.pos = n - 1, n
+
+    def _lr_caused(self, ep: Episode, obs: Observations, at: int) -> bool:
+        """An LR raised off the schedule at the episode's onset, read from the rows up to ``at`` alone (so that a
+        stream decides it as the whole run does)."""
+        steps, lr = obs["step"][:at + 1], obs["lr"][:at + 1]
+        story = _lr_story(steps, lr, ep.onset, at, self.ctx.history, self.cfg.patience_obs, self.ctx.config.lr)
+        return bool(story["lr_raised"]) and not story["lr_scheduled"]
 
     def _fresh_excursion(self, ep: Episode, loss: np.ndarray, lo: int, n: int) -> int:
         """Index (from ``lo``) of the first observation that opens a new incident inside this episode; ``n - lo``
@@ -503,7 +517,7 @@ def _lr_story(steps: np.ndarray, lr: np.ndarray, onset: int, end: int, history: 
     ramp = lr_rise_start(steps, lr, onset, lrc, until=peak)
     if ramp is not None and history < ramp < anchor:
         anchor = ramp
-    level = lr_before(lr, anchor, history)
+    level = lr_before(steps, lr, anchor, history)
     cause = lr[max(anchor - 1, 0):max(onset, peak if peak is not None else onset) + 1]
     cause = cause[np.isfinite(cause)]
     if level is None or not len(cause):
@@ -512,18 +526,20 @@ def _lr_story(steps: np.ndarray, lr: np.ndarray, onset: int, end: int, history: 
     lr_cause = float(cause.max())
     ratio = lr_cause / level
     raised = bool(ratio >= lrc.raise_factor)
-    # Still raised: over the episode (not at its last row only: a warm restart may land there) at raise_factor x
-    # the LR before, and never back at it (within ``flat``): a burst that ended is over, even where a warm-up
-    # goes on rising past it, while a schedule's own decay of a raised LR (a step schedule's x0.1) leaves it
-    # raised.
-    during = lr[onset:end + 1]
-    during = during[np.isfinite(during)]
-    still = bool(raised and len(during) and float(np.median(during)) >= lrc.raise_factor * level
-                 and not np.any(during <= lrc.flat * level))
     first = max(history, anchor - 1 - LR_BEFORE_ROWS)
     window = lr[first:onset + 1]
     rise = np.flatnonzero(np.isfinite(window) & (window >= lrc.raise_factor * level))
     rise_at = first + int(rise[0]) if len(rise) else onset
+    # Still raised: over the episode (not at its last row only: a warm restart may land there) at raise_factor x
+    # the LR before, and never back at it (within ``flat``), nor at the LR of the row before the rise: a burst
+    # that ended is over, even where a warm-up goes on rising past it (held-out h-spike-12: x110 for two steps
+    # in a 150-step warm-up, back on its path at once, which the median before lags), while a schedule's own
+    # decay of a raised LR (a step schedule's x0.1) leaves it raised.
+    during = lr[onset:end + 1]
+    during = during[np.isfinite(during)]
+    back = max(level, float(lr[rise_at - 1])) if rise_at > history and np.isfinite(lr[rise_at - 1]) else level
+    still = bool(raised and len(during) and float(np.median(during)) >= lrc.raise_factor * level
+                 and not np.any(during <= lrc.flat * back))
     earlier = trained_level(steps[history:rise_at], lr[history:rise_at], lrc)  # the highest LR the run trained at before this rise
     held = lr[onset:onset + patience]
     # The schedule: the LR decayed, then went back to a level the run already trained at and stayed there (a warm

@@ -1635,3 +1635,68 @@ def test_55_a_precursor_with_the_loss_rising_pages_where_the_loss_finding_is_onl
     assert (div.kind, div.severity) == ("divergence", "critical") and 185 <= div.onset_step <= 200, div
     assert "the loss rising with them" in div.message and div.evidence["loss_moved"], div
     assert report.rollback is not None and report.rollback.checkpoint_step == 150, report.rollback
+
+
+# 56. A loss thrown both ways under an LR raised off the schedule is the raise's damage, not the noise growing.
+
+def test_56_a_spread_under_an_lr_burst_is_damage_not_noise() -> None:
+    """Real CPU training (fresh seed 198280's run 100): step schedule, a noisy host, checkpoints every 44. At 67
+    the LR jumps x254; the loss goes 4.1 -> 82 and, in the wreck, far below its level as well as above, with the
+    gradient norm x11 and no recovery to the log's end. The sign test read that as 'the noise grew' (info, no
+    advice). It refutes a level shift on the assumption that nothing changed; an LR raised off the schedule at the
+    onset is a change. Not refuted: a critical spike, not back, and checkpoint 44. Fails on d51485c."""
+    steps, cols = _fresh_run("f198280-100")
+    events = json.loads((FIXTURES / "fresh" / "f198280-100-checkpoints.json").read_text())
+    report = analyze(rows_table(steps, **cols), events_table(events))
+    [spike] = [f for f in report.findings if f.kind in ("spike", "divergence")]
+    assert (spike.severity, spike.onset_step, spike.self_recovered) == ("critical", 68, False), spike
+    assert not spike.evidence["noise_grew"] and spike.evidence["lr_ratio"] > 100, spike.evidence
+    assert report.rollback is not None and report.rollback.checkpoint_step == 44, report.rollback
+
+
+# 57. The warm-up's last row is the schedule, on a coarse log too; a burst just after it is not.
+
+def test_57_a_coarse_logs_last_warm_up_row_is_no_lr_step_up() -> None:
+    """Real CPU training (fresh seed 198280's run 113): a log every 25 steps, a 41-step warm-up. Its last row (50,
+    the LR it reached) sat just outside the warm-up (``step < end``) and, 32 rows back from a noisy stretch at 425,
+    read as an LR step up x41 'still raised'. It is the warm-up's; the noisy stretch stays 'the noise grew', with no
+    LR cause. Fails on d51485c. Guard (fresh seed 118218's run 090, a log every 2): x49 two steps after an 88-step
+    warm-up steepens the LR's rise per step many-fold, which a warm-up's never does: it ends the warm-up before it,
+    and the burst stays the divergence's cause."""
+    steps, cols = _fresh_run("f198280-113")
+    [noise] = [f for f in analyze(rows_table(steps, **cols)).findings if f.kind == "spike"]
+    assert noise.evidence["noise_grew"] and noise.severity == "info", noise
+    assert noise.evidence["lr_step_up_step"] is None and not noise.evidence["lr_raised"], noise.evidence
+    steps, cols = _fresh_run("f118218-090")
+    events = json.loads((FIXTURES / "fresh" / "f118218-090-checkpoints.json").read_text())
+    [div] = [f for f in analyze(rows_table(steps, **cols), events_table(events)).findings if f.kind == "divergence"]
+    assert (div.severity, div.onset_step, div.evidence["lr_step_up_step"]) == ("critical", 90, 90), div
+
+
+# 58. The LR before an excursion just past the warm-up is the LR the warm-up reached.
+
+def test_58_the_lr_before_an_excursion_past_the_warm_up_is_where_it_ended() -> None:
+    """Real CPU training (fresh seed 581459's run 049): a log every 10 steps, a 126-step warm-up. A natural loss
+    excursion at 140 was read as 'after the LR rose x2.07': the median of the 16 rows before it was the warm-up's
+    middle. The run trained at the LR the warm-up reached (its last row, 130): x1.0, no raise. Fails on
+    d51485c."""
+    steps, cols = _fresh_run("f581459-049")
+    [spike] = [f for f in analyze(rows_table(steps, **cols)).findings if f.kind == "spike"]
+    assert spike.onset_step == 140 and spike.severity == "info", spike
+    assert not spike.evidence["lr_raised"] and spike.evidence["lr_ratio"] == pytest.approx(1.0, abs=0.05), spike.evidence
+
+
+# 59. A burst that ended is over, where the warm-up goes on raising the LR past it.
+
+def test_59_a_burst_back_on_the_warm_ups_path_is_no_longer_raised() -> None:
+    """Real CPU training (the held-out set's spike-12): batch 32, a 150-step warm-up, the LR x100 for steps 72-73;
+    the loss 3.1 -> 46, thrown both ways, back on its trend after ~300 steps (labelled: a spike needing no
+    action). 'Still raised' compared the LR during the episode with the median of the 16 rows before it, which a
+    rising warm-up lags: at once back on the warm-up's path, the LR never came within 10% of that median, and the
+    spike, not back by the sign test's 'noise grew' any more (test 56), was a divergence 'still up'. Back at the LR
+    of the row before the rise, the burst is over: a warning spike that came back. Fails on d51485c (where it was
+    'the noise grew')."""
+    steps, cols = _fresh_run("heldout-spike-12")
+    [spike] = [f for f in analyze(rows_table(steps, **cols)).findings if f.kind in ("spike", "divergence")]
+    assert (spike.kind, spike.severity, spike.onset_step, spike.self_recovered) == ("spike", "warning", 73, True), spike
+    assert spike.evidence["lr_raised"] and not spike.evidence["lr_still_raised"], spike.evidence
