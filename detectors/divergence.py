@@ -279,7 +279,8 @@ def lr_rise_start(steps: np.ndarray, lr: np.ndarray, onset: int, lrc: LRConfig, 
             lookback *= 2
             lo = max(start, onset - lookback)
             continue
-        if k >= top or not lr[idx[top]] >= lrc.raise_factor * lr[low] or in_warmup(steps, lr, int(steps[low])):
+        # The warm-up's own rise: its first raised row inside the warm-up (the row before a burst may be its last).
+        if k >= top or not lr[idx[top]] >= lrc.raise_factor * lr[low] or in_warmup(steps, lr, int(steps[idx[k + 1]])):
             return None
         first = int(idx[k + 1])
         if warm_restart(lr, low, first, trained_level(steps[:low + 1], lr[:low + 1], lrc), lrc):
@@ -321,7 +322,7 @@ def rise_began(at: np.ndarray, v: np.ndarray, low: int, lo: int, lrc: LRConfig) 
 
 LR_BEFORE_ROWS = 16
 """Rows before an excursion's onset (the onset's own row and the one before it left out: they may hold the
-update that caused it) whose median is "the LR before"."""
+update that caused it, unless that is the warm-up's last row, ``lr_before``) whose median is "the LR before"."""
 
 
 def lr_before(steps: np.ndarray, lr: np.ndarray, onset: int, history: int = 0) -> float | None:
@@ -334,7 +335,7 @@ def lr_before(steps: np.ndarray, lr: np.ndarray, onset: int, history: int = 0) -
     lo, hi = max(history, onset - 1 - LR_BEFORE_ROWS), max(history, onset - 1)
     warm = warmup_end(steps, lr)
     if warm is not None and onset < len(steps) and warm < steps[onset]:
-        end = int(np.searchsorted(steps, warm))
+        end = int(np.searchsorted(steps, warm, side="right")) - 1
         lo, hi = max(lo, end), max(hi, end + 1)
     before = lr[lo:hi]
     before = before[np.isfinite(before) & (before > 0)]

@@ -531,13 +531,15 @@ def _lr_story(steps: np.ndarray, lr: np.ndarray, onset: int, end: int, history: 
     rise = np.flatnonzero(np.isfinite(window) & (window >= lrc.raise_factor * level))
     rise_at = first + int(rise[0]) if len(rise) else onset
     # Still raised: over the episode (not at its last row only: a warm restart may land there) at raise_factor x
-    # the LR before, and never back at it (within ``flat``), nor at the LR of the row before the rise: a burst
-    # that ended is over, even where a warm-up goes on rising past it (held-out h-spike-12: x110 for two steps
-    # in a 150-step warm-up, back on its path at once, which the median before lags), while a schedule's own
-    # decay of a raised LR (a step schedule's x0.1) leaves it raised.
+    # the LR before, and never back at it (within ``flat``), nor, after a one-row step up, at the LR of the row
+    # before it (a ramp's rows are each within ``flat`` of the row before them). A burst that ended is over, even
+    # where a warm-up goes on rising past it (held-out h-spike-12: x110 for two steps in a 150-step warm-up, back
+    # on its path at once, which the median before lags), while a schedule's own decay of a raised LR (a step
+    # schedule's x0.1) leaves it raised.
     during = lr[onset:end + 1]
     during = during[np.isfinite(during)]
-    back = max(level, float(lr[rise_at - 1])) if rise_at > history and np.isfinite(lr[rise_at - 1]) else level
+    stepped_up = rise_at > history and bool(lr[rise_at] >= lrc.raise_factor * lr[rise_at - 1])  # not a ramp
+    back = max(level, float(lr[rise_at - 1])) if stepped_up else level
     still = bool(raised and len(during) and float(np.median(during)) >= lrc.raise_factor * level
                  and not np.any(during <= lrc.flat * back))
     earlier = trained_level(steps[history:rise_at], lr[history:rise_at], lrc)  # the highest LR the run trained at before this rise

@@ -17,7 +17,10 @@ import pyarrow as pa
 import pytest
 
 from runwatch.detectors.analysis import Report, analyze
+from runwatch.detectors.config import DEFAULT
+from runwatch.detectors.divergence import lr_before, lr_rise_start
 from runwatch.detectors.finding import Finding
+from runwatch.detectors.spike import _lr_story
 from runwatch.detectors.streaming import StreamingAnalyzer
 from tests.detectors.synth import events_table, grad_curve, loss_curve, rows_table
 
@@ -1387,7 +1390,6 @@ def test_46_a_slow_ramp_near_a_cosines_floor_begins_at_its_kink_not_at_the_lows_
     began between two rows of a coarse log shows from the later one). Read from the lowest row before the
     onset, the onset's own row, there was no rise (None on efb33c0). The schedule alone has no rise."""
     from runwatch.detectors.config import LRConfig
-    from runwatch.detectors.divergence import lr_rise_start
 
     t = np.arange(0, 3600, every)
     cosine = 1e-4 + 0.5 * 9e-4 * (1 + np.cos(np.pi * np.minimum(t, 3000) / 3000))
@@ -1700,3 +1702,22 @@ def test_59_a_burst_back_on_the_warm_ups_path_is_no_longer_raised() -> None:
     [spike] = [f for f in analyze(rows_table(steps, **cols)).findings if f.kind in ("spike", "divergence")]
     assert (spike.kind, spike.severity, spike.onset_step, spike.self_recovered) == ("spike", "warning", 73, True), spike
     assert spike.evidence["lr_raised"] and not spike.evidence["lr_still_raised"], spike.evidence
+
+
+# 60. Guards of 57 and 59 on the shapes they must not break: a ramp still rising, a ramp right after the warm-up.
+
+def test_60_a_ramp_still_rising_stays_raised_and_one_right_after_the_warm_up_is_a_cause() -> None:
+    """A ramp's rows are each within ``flat`` of the row before them, so 'back at the row before the rise' (test
+    59) holds only after a one-row step up: an LR growing x1.05 a row from row 200 is still raised over an
+    excursion from 206. And a ramp that starts on the warm-up's last row (a linear warm-up over 150 rows, x1.3 a
+    row from row 100) is no warm-up rise (test 57 counts that row inside the warm-up): it begins at 100, and the
+    LR before it is the warm-up's at 99."""
+    lrc, steps = DEFAULT.lr, np.arange(300)
+    lr = np.full(300, 1e-3)
+    lr[200:] = 1e-3 * 1.05 ** np.arange(1, 101)
+    story = _lr_story(steps, lr, 206, 260, 0, DEFAULT.spike.patience_obs, lrc, 240)
+    assert story["lr_raised"] and story["lr_still_raised"], story
+    lr = np.minimum(np.arange(1, 301) / 150, 1.0) * 1e-3
+    lr[100:110] *= 1.3 ** np.arange(1, 11)
+    assert lr_rise_start(steps, lr, 104, lrc, until=109) == 100
+    assert lr_before(steps, lr, 100) == pytest.approx(lr[99])
