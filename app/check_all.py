@@ -43,6 +43,13 @@ def _open(root: str) -> None:
     _store = Store(root)
 
 
+def _open_worker(root: str) -> None:
+    from runwatch.detectors.segment_scan import THREADS_ENV
+
+    os.environ[THREADS_ENV] = "1"  # the pool already judges runs side by side on every core
+    _open(root)
+
+
 def _judge(run: str, now: float | None) -> dict:
     from runwatch.app.findings import judge_and_store
 
@@ -68,7 +75,7 @@ def check_all_local(root: str | Path, *, workers: int | None = None, now: float 
             progress.advance(result["run"])
     else:
         ctx = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_open, initargs=(str(root),)) as pool:
+        with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_open_worker, initargs=(str(root),)) as pool:
             for result in pool.map(_judge, runs, [now] * len(runs), chunksize=max(1, len(runs) // (workers * 8))):
                 results.append(result)
                 progress.advance(result["run"])

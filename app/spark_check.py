@@ -94,7 +94,9 @@ def judge_group(root: str, types: dict[str, pa.DataType], now: float | None):
 
         from runwatch.app.findings import judge_and_store
         from runwatch.data.framestore import FrameStore
+        from runwatch.detectors.segment_scan import THREADS_ENV
 
+        os.environ[THREADS_ENV] = "1"  # Spark already runs a task per core
         run = str(pdf["run"].iloc[0])
         try:
             with FrameStore(root, run, rows_from_pandas(pdf, types)) as store:

@@ -5,7 +5,8 @@
 The synthetic run has every signal (loss, grad norm, act norm, fp16 loss scale
 with ordinary backoffs, lr, wall time) and a few incidents (a recovered spike,
 a stall, a slowdown, a scaler burst), so the detectors do real work. Prints a
-markdown table; single-threaded numpy.
+markdown table; single-threaded numpy, and ``analyze()`` with a segment's scanners one after another and side
+by side on threads (``RUNWATCH_SCAN_THREADS``; default the cores this process may use).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from runwatch.detectors.analysis import analyze  # noqa: E402
 from runwatch.detectors.divergence import detect_divergence  # noqa: E402
 from runwatch.detectors.nan import detect_nan, nonfinite_masks  # noqa: E402
 from runwatch.detectors.scaler_collapse import detect_scaler_collapse  # noqa: E402
+from runwatch.detectors.segment_scan import THREADS_ENV, scan_threads  # noqa: E402
 from runwatch.detectors.slowdown import detect_slowdowns  # noqa: E402
 from runwatch.detectors.spike import detect_spikes  # noqa: E402
 from runwatch.detectors.stall import detect_stalls  # noqa: E402
@@ -70,8 +72,22 @@ def offline_table(run: dict[str, np.ndarray]) -> list[tuple[str, float]]:
                                                              present, present, np.zeros(len(s), bool)), True))),
         ("stall", _timed(lambda: detect_stalls(s, run["time"]))),
         ("slowdown", _timed(lambda: detect_slowdowns(s[1:], np.diff(run["time"])))),
-        ("analyze() (all detectors, segments, advice; from Arrow)", _timed(lambda: analyze(rows, None))),
+        ("analyze() (all detectors, segments, advice; from Arrow), scanners one after another",
+         _timed(lambda: _with_scan_threads(1, lambda: analyze(rows, None)))),
+        (f"analyze(), scanners side by side on {scan_threads()} threads (the default)", _timed(lambda: analyze(rows, None))),
     ]
+
+
+def _with_scan_threads(threads: int, fn):
+    before = os.environ.get(THREADS_ENV)
+    os.environ[THREADS_ENV] = str(threads)
+    try:
+        return fn()
+    finally:
+        if before is None:
+            del os.environ[THREADS_ENV]
+        else:
+            os.environ[THREADS_ENV] = before
 
 
 def streaming_cost(run: dict[str, np.ndarray], num_rows: int) -> tuple[float, float, float]:
@@ -102,7 +118,7 @@ def main() -> None:
     parser.add_argument("--stream-rows", type=int, default=20_000)
     args = parser.parse_args()
     run = synthetic_run(args.steps)
-    print(f"## Detector speed ({args.steps:,} steps, every signal, one thread)\n")
+    print(f"## Detector speed ({args.steps:,} steps, every signal, single-threaded numpy)\n")
     print("| detector | seconds |\n|---|---:|")
     for name, seconds in offline_table(run):
         print(f"| {name} | {seconds:.3f} |")

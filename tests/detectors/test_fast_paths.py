@@ -4,16 +4,22 @@
 (rows of 4096 and more); ``row_median_and_mad`` reads the deviations' middle values off the sorted rows.
 Streaming must equal offline bit for bit, so each path must return exactly what sorting each row's finite
 values and averaging the two middle ones returns, NaN, infinities and ties included. ``warmup_end`` reads the
-LR from the front in growing prefixes and must answer as reading it whole does.
+LR from the front in growing prefixes and must answer as reading it whole does. A long segment's scanners run
+side by side on threads and must find what they find one after another.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
+import pyarrow as pa
 import pytest
 
+from runwatch.detectors import segment_scan
+from runwatch.detectors.analysis import analyze
 from runwatch.detectors.core import PARTITION_FROM, SORT_ONCE_FROM, WIDE_ROW, row_median, row_median_and_mad
-from runwatch.detectors.divergence import WARMUP_PREFIX, warmup_end
+from runwatch.detectors.divergence import WARMUP_PREFIX, WARMUP_STEEPEN, warmup_end
 
 
 def plain_median(values: np.ndarray, min_finite: int | None) -> np.ndarray:
@@ -62,7 +68,8 @@ def whole_warmup_end(steps: np.ndarray, lr: np.ndarray) -> int | None:
     s, v = steps[ok], lr[ok]
     if len(v) < 3 or not v[1] > v[0]:
         return None
-    stop = np.flatnonzero(np.diff(v) <= 0)
+    rate = np.diff(np.log(v)) / np.maximum(np.diff(s), 1)
+    stop = [i for i in range(len(rate)) if rate[i] <= 0 or (i > 0 and rate[i] > WARMUP_STEEPEN * rate[i - 1])]
     return int(s[stop[0]]) if len(stop) else int(s[-1])
 
 
@@ -76,5 +83,26 @@ def test_the_warmup_end_read_from_the_front_is_the_whole_reading() -> None:
             lr[rng.random(n) < rng.random() * 0.9] = np.nan  # sparse LR logging: few values in a prefix
         if rng.random() < 0.3:
             lr[rng.random(n) < 0.1] = 0.0
+        if rng.random() < 0.3 and n:
+            lr[int(rng.integers(0, n))] *= 50.0  # a burst, inside the warm-up or after it
         steps = np.arange(n) * int(rng.integers(1, 5))
         assert warmup_end(steps, lr) == whole_warmup_end(steps, lr)
+
+
+def test_scanners_on_threads_find_what_they_find_one_after_another(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every detector's work on a run with incidents of each kind, on threads (a long segment's offline read)
+    and one scanner after another: the same findings and advice, field by field."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "bench"))
+    from detector_speed import synthetic_run
+
+    n = 40_000
+    run = synthetic_run(n)
+    rows = pa.table({**run, "segment": np.zeros(n, np.int32), "main": np.ones(n, bool)})
+    monkeypatch.setenv(segment_scan.THREADS_ENV, "2")  # the pool runs on a 1-core machine too
+    reports = []
+    for parallel_from in (1 << 62, 1024):
+        monkeypatch.setattr(segment_scan, "PARALLEL_FROM", parallel_from)
+        reports.append(analyze(rows, None))
+    serial, threaded = (r.to_dict("synthetic") for r in reports)
+    assert {f["kind"] for f in serial["findings"]} >= {"spike", "stall", "slowdown", "scaler_collapse"}
+    assert threaded == serial
