@@ -13,7 +13,7 @@ time (one slow spell). Its median is judged against the variability of a
 median over as many observations: the wander averages down over a spell many
 correlation times long. A slowdown never needs a rollback; it is a 'warning'
 from ``warn_rise`` up and 'info' below, and one under ``warn_rise`` must last
-``min_small_obs`` observations; any must span ``min_steps`` training steps.
+``min_small_steps`` training steps; any must span ``min_steps``.
 """
 
 from __future__ import annotations
@@ -178,8 +178,8 @@ class SlowdownScanner:
             spread = ep.frozen["scale_ucb"] * math.sqrt(min(1.0, ep.frozen["tau_obs"] / max(n_obs, 1)))
             if rise < cfg.min_rise or math.log1p(rise) < cfg.min_sigmas * spread:
                 continue  # within the run's own variability (a noisy host wanders this much by itself)
-            if rise < cfg.warn_rise and end - ep.onset + 1 < cfg.min_small_obs:
-                continue  # a few percent for a few observations is machine jitter, not a slowdown
+            if rise < cfg.warn_rise and steps[end] - steps[ep.onset] + 1 < cfg.min_small_steps:
+                continue  # a few percent for a few steps is machine jitter, not a slowdown
             if steps[end] - steps[ep.onset] + 1 < cfg.min_steps:
                 continue  # a hiccup of a few steps (a GC pause, a noisy neighbour), not sustained
             onset = step_change(self.log_t.view, ep.onset, ep.trigger, end)
