@@ -190,7 +190,10 @@ def test_an_uploaded_log_is_named_as_uploaded_in_errors_and_imports(chromium, ho
     assert not (root / "run=uploaded").exists()
     good = "".join(json.dumps(line) + "\n" for line in spike_lines(30, -1)).encode()
     page.locator('input[type="file"]').set_input_files(
-        files=[{"name": "night run.jsonl", "mimeType": "application/json", "buffer": good}])
+        files=[{"name": "night run fixed.jsonl", "mimeType": "application/json", "buffer": good}])
+    # Import only once the uploader holds the new file: a click before its upload lands imports the old one
+    # (a loaded CI machine did, and waited for a success that never came).
+    page.locator('[data-testid="stFileChip"][aria-label^="night run fixed.jsonl"]').wait_for(timeout=30_000)
     page.get_by_role("button", name="import").click()
     page.wait_for_selector("text=Imported 30 rows", timeout=60_000)
     assert (root / "run=uploaded").is_dir()
