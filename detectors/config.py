@@ -83,6 +83,11 @@ class LRConfig:
     """Rows after an LR step up (a warm restart or a raise) within which an excursion is read as its answer: the
     loss answers a raised LR over tens of updates (the natural rises after the fresh sets' restarts began 10-20
     rows after them), and a fault later in the cycle must still be a fault."""
+    warmup_steepen: float = 2.0
+    """The opening warm-up ends before a row whose rise of log LR per step is over this many times the row
+    before's: a warm-up's rise per step only slows (linear, cosine; float32 LRs move that slowing rate by far
+    less), and a burst on top of it steepens it many-fold (fresh seed 118218's run 090: x49 two steps after an
+    88-step warm-up, read as its last rise)."""
 
     kink: float = 4.0
     """A rise began where the LR left its schedule's path: the first row of the last step up in the slope of log

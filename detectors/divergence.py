@@ -262,7 +262,7 @@ def lr_rise_start(steps: np.ndarray, lr: np.ndarray, onset: int, lrc: LRConfig, 
     at, as the spike detector's ``lr_scheduled`` reads it); a rise after a restart still counts."""
     # The search starts after the opening warm-up: its first row is the lowest LR of a short or coarse log, and
     # a rise from there is the warm-up's, which would hide a ramp that began long after it.
-    warm = warmup_end(steps, lr)
+    warm = warmup_end(steps, lr, lrc)
     start = 0 if warm is None else int(np.searchsorted(steps, warm))
     lo, lookback = max(start, onset - LR_LOOKBACK), LR_LOOKBACK
     end = max(onset, until if until is not None else onset)
@@ -280,7 +280,7 @@ def lr_rise_start(steps: np.ndarray, lr: np.ndarray, onset: int, lrc: LRConfig, 
             lo = max(start, onset - lookback)
             continue
         # The warm-up's own rise: its first raised row inside the warm-up (the row before a burst may be its last).
-        if k >= top or not lr[idx[top]] >= lrc.raise_factor * lr[low] or in_warmup(steps, lr, int(steps[idx[k + 1]])):
+        if k >= top or not lr[idx[top]] >= lrc.raise_factor * lr[low] or in_warmup(steps, lr, int(steps[idx[k + 1]]), lrc):
             return None
         first = int(idx[k + 1])
         if warm_restart(lr, low, first, trained_level(steps[:low + 1], lr[:low + 1], lrc), lrc):
@@ -325,7 +325,7 @@ LR_BEFORE_ROWS = 16
 update that caused it, unless that is the warm-up's last row, ``lr_before``) whose median is "the LR before"."""
 
 
-def lr_before(steps: np.ndarray, lr: np.ndarray, onset: int, history: int = 0) -> float | None:
+def lr_before(steps: np.ndarray, lr: np.ndarray, onset: int, lrc: LRConfig, history: int = 0) -> float | None:
     """The LR the run trained at just before an excursion (median of ``LR_BEFORE_ROWS`` rows), or None. Not the
     opening warm-up's rising rows, which are the schedule on its way to that LR (fresh seed 581459's run 049: an
     excursion two rows of 10 steps after the warm-up, read as x2.1 against a median that took in the warm-up),
@@ -333,7 +333,7 @@ def lr_before(steps: np.ndarray, lr: np.ndarray, onset: int, history: int = 0) -
     the onset's own row before. Inside a warm-up, or an LR that rises to the log's end, the rows before are all
     there is."""
     lo, hi = max(history, onset - 1 - LR_BEFORE_ROWS), max(history, onset - 1)
-    warm = warmup_end(steps, lr)
+    warm = warmup_end(steps, lr, lrc)
     if warm is not None and onset < len(steps) and warm < steps[onset]:
         end = int(np.searchsorted(steps, warm, side="right")) - 1
         lo, hi = max(lo, end), max(hi, end + 1)
@@ -365,7 +365,7 @@ def lr_jump_inside(steps: np.ndarray, lr: np.ndarray, onset: int, until: int, lr
     first jump is the schedule's warm restart and the LR jumps again from the restart's level before ``until``,
     the later jump is the one the loss answered (a restart at 396 and a burst at 405 put the onset at the
     restart, a checkpoint too early); a restart alone stays the change point (the schedule's)."""
-    level = lr_before(steps, lr, onset, history) if level is None else level
+    level = lr_before(steps, lr, onset, lrc, history) if level is None else level
     if level is None or until <= onset:
         return None
     inside = lr[onset + 1:until + 1]
@@ -374,7 +374,7 @@ def lr_jump_inside(steps: np.ndarray, lr: np.ndarray, onset: int, until: int, lr
         return None
     jump = onset + 1 + int(hit[0])
     flat = lr[onset:jump]  # a ramp's first rows are already its cause: only a jump from the level moves the onset
-    if not np.all(np.isfinite(flat) & (flat <= lrc.flat * level)) or in_warmup(steps, lr, int(steps[jump])):
+    if not np.all(np.isfinite(flat) & (flat <= lrc.flat * level)) or in_warmup(steps, lr, int(steps[jump]), lrc):
         return None
     if warm_restart(lr, jump - 1, jump, trained_level(steps[history:jump], lr[history:jump], lrc), lrc):
         later = lr_jump_inside(steps, lr, jump, until, lrc, history, level=float(lr[jump]))
@@ -406,7 +406,7 @@ def cause_start(steps: np.ndarray, obs: Observations, onset: int, history: int, 
                                                 "lr_rise_step": lr_step}
 
 
-def warmup_end(steps: np.ndarray, lr: np.ndarray) -> int | None:
+def warmup_end(steps: np.ndarray, lr: np.ndarray, lrc: LRConfig) -> int | None:
     """Last step of the LR warm-up that opens the run (the LR rising from the first row), or None."""
     # Read from the front in growing prefixes: a warm-up is a run's first hundreds of rows, and the LR is asked
     # about on every LR story (10 times a 1M-row run read whole: a tenth of analyze()).
@@ -419,29 +419,24 @@ def warmup_end(steps: np.ndarray, lr: np.ndarray) -> int | None:
         if len(v) >= 3 or whole:
             if len(v) < 3 or not v[1] > v[0]:
                 return None
-            # It ends where the LR stops rising, or before a rise per step over ``WARMUP_STEEPEN`` x the last: a
-            # warm-up's rise per step only slows (linear, cosine), and a burst on top of it steepens it at once
-            # (fresh seed 118218's run 090: x49 two steps after an 88-step warm-up, read as its last rise).
+            # It ends where the LR stops rising, or before a burst steepens its rise (``LRConfig.warmup_steepen``).
             with np.errstate(divide="ignore", invalid="ignore"):
                 rate = np.diff(np.log(v)) / np.maximum(np.diff(steps[:m][ok]), 1)
-            stop = np.flatnonzero((rate <= 0) | np.r_[False, rate[1:] > WARMUP_STEEPEN * rate[:-1]])
+            stop = np.flatnonzero((rate <= 0) | np.r_[False, rate[1:] > lrc.warmup_steepen * rate[:-1]])
             if len(stop) or whole:
                 return int(steps[:m][ok][stop[0] if len(stop) else -1])
         m *= 8
 
 
-WARMUP_STEEPEN = 2.0
-"""A rise of log LR per step over this many times the row before's ends the warm-up: float32 LRs move a
-warm-up's slowing rate by far less, and a burst steepens it many-fold."""
 WARMUP_PREFIX = 4096
 """Rows the warm-up's end is first looked for in (then 8x as many, until it is found or the rows end)."""
 
 
-def in_warmup(steps: np.ndarray, lr: np.ndarray, step: int) -> bool:
+def in_warmup(steps: np.ndarray, lr: np.ndarray, step: int, lrc: LRConfig) -> bool:
     """True when ``step`` lies inside the LR warm-up that opens the run, its last row (the LR it reached) included:
     on a coarse log that row is the warm-up's last step up, not a raise (fresh seed 198280's run 113, a log every
     25 steps, read its warm-up's end as an LR step up before an excursion)."""
-    end = warmup_end(steps, lr)
+    end = warmup_end(steps, lr, lrc)
     return end is not None and step <= end
 
 
@@ -451,7 +446,7 @@ def answers_the_schedule(steps: np.ndarray, lr: np.ndarray, step: int, lrc: LRCo
     (``restart_before``), either side, since the start of a climb on a noisy norm is an estimate good to
     several rows (seed 247925's run 77: a batch-2 run's activation norm, its fault-free twin's alike, 1.7x after a
     restart at 318, the climb's start estimated at 311)."""
-    if in_warmup(steps, lr, step):
+    if in_warmup(steps, lr, step, lrc):
         return True
     at = int(np.searchsorted(steps, step))
     ahead = min(at + lrc.lag_rows, len(steps) - 1)  # restart_before looks back lag_rows from where it is asked
@@ -648,7 +643,7 @@ def lr_raised_since(steps: np.ndarray, lr: np.ndarray, lrc: LRConfig, history: i
     # Where it left the schedule's path, looked for no further back than a cause is (``LR_LOOKBACK``) nor before
     # the history a resumed segment was seeded with.
     first = rise_began(steps[idx], v, k, max(int(np.searchsorted(idx, history)), k - LR_LOOKBACK), lrc)
-    if idx[first] <= history or in_warmup(steps, lr, int(steps[idx[first]])):
+    if idx[first] <= history or in_warmup(steps, lr, int(steps[idx[first]]), lrc):
         return None
     if warm_restart(v, first - 1, first, trained_level(steps[idx[:first]], v[:first], lrc), lrc):
         return None
@@ -743,7 +738,7 @@ def lr_bursts(steps: np.ndarray, lr: np.ndarray, lrc: LRConfig, history: int = 0
         level = lr[a - 1]
         with np.errstate(invalid="ignore"):
             back = np.flatnonzero(lr[a + 1:a + 1 + lrc.lag_rows] <= lrc.flat * level)
-        if not len(back) or not level > 0 or in_warmup(steps, lr, int(steps[a])):
+        if not len(back) or not level > 0 or in_warmup(steps, lr, int(steps[a]), lrc):
             continue
         out.append((a, a + 1 + int(back[0])))
     return out

@@ -37,7 +37,7 @@ _INT, _BOOL = {"step"}, {"found_inf", "found_inf_present", "loss_present", "bad_
 
 PARALLEL_FROM = 1 << 17
 """New rows from which a segment's scanners run side by side on threads (numpy's sorts, selections and
-ufuncs release the GIL): an offline read of a long run (1M rows: 1.3 -> 0.8 s on 2 cores, bench/detector_speed.py).
+ufuncs release the GIL): an offline read of a long run (1M rows: 0.78x on 2 cores, bench/detector_speed.py).
 A live flush of a few rows, and the findings after it, stay on the caller's thread, where a pool would cost
 more than it saves. Each scanner reads only its own series, so the findings are the same either way."""
 THREADS_ENV = "RUNWATCH_SCAN_THREADS"

@@ -502,7 +502,7 @@ def _lr_story(steps: np.ndarray, lr: np.ndarray, onset: int, end: int, history: 
     last step up (``lr_step_before``), still in effect at the onset, is read against the LR before that step."""
     anchor = onset
     step_up = lr_step_before(lr, onset, history, lrc)
-    if step_up is not None and in_warmup(steps, lr, int(steps[step_up])):
+    if step_up is not None and in_warmup(steps, lr, int(steps[step_up]), lrc):
         # The opening warm-up's rise is the schedule's, not a cause: on a coarse log the lag's rows reach back into
         # it (32 rows of a log every 10 steps span 320 steps), and the LR before its last step was the warm-up's
         # first (seed 899445's run 062: a loss excursion at step 190 read against the LR of step 0, "x50").
@@ -517,7 +517,7 @@ def _lr_story(steps: np.ndarray, lr: np.ndarray, onset: int, end: int, history: 
     ramp = lr_rise_start(steps, lr, onset, lrc, until=peak)
     if ramp is not None and history < ramp < anchor:
         anchor = ramp
-    level = lr_before(steps, lr, anchor, history)
+    level = lr_before(steps, lr, anchor, lrc, history)
     cause = lr[max(anchor - 1, 0):max(onset, peak if peak is not None else onset) + 1]
     cause = cause[np.isfinite(cause)]
     if level is None or not len(cause):
@@ -591,7 +591,7 @@ def classify(sc: SpikeScanner, ep: Episode, obs: Observations) -> Finding | None
         return None  # the gradient norm alone moved to a new level: a trend, not an excursion
     peak_i = onset + int(np.argmax(zl_c if loss_moved else zg_c))
     # The LR up to the peak is the cause's, except inside the opening warm-up, whose rise is the schedule's.
-    lr_peak = None if in_warmup(steps, obs["lr"], int(steps[peak_i])) else peak_i
+    lr_peak = None if in_warmup(steps, obs["lr"], int(steps[peak_i]), sc.ctx.config.lr) else peak_i
     lr_story = _lr_story(steps, obs["lr"], onset, end, sc.ctx.history, cfg.patience_obs, sc.ctx.config.lr, lr_peak)
     # Lasting, or not back: no blip. Nor one still open while the LR that threw it stays raised off the schedule: a
     # bad batch is over at once, a raised LR goes on acting (fresh seed 122814's run 123: an LR growing x1.027 a

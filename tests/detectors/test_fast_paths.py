@@ -18,8 +18,9 @@ import pytest
 
 from runwatch.detectors import segment_scan
 from runwatch.detectors.analysis import analyze
+from runwatch.detectors.config import DEFAULT
 from runwatch.detectors.core import PARTITION_FROM, SORT_ONCE_FROM, WIDE_ROW, row_median, row_median_and_mad
-from runwatch.detectors.divergence import WARMUP_PREFIX, WARMUP_STEEPEN, warmup_end
+from runwatch.detectors.divergence import WARMUP_PREFIX, warmup_end
 
 
 def plain_median(values: np.ndarray, min_finite: int | None) -> np.ndarray:
@@ -69,7 +70,7 @@ def whole_warmup_end(steps: np.ndarray, lr: np.ndarray) -> int | None:
     if len(v) < 3 or not v[1] > v[0]:
         return None
     rate = np.diff(np.log(v)) / np.maximum(np.diff(s), 1)
-    stop = [i for i in range(len(rate)) if rate[i] <= 0 or (i > 0 and rate[i] > WARMUP_STEEPEN * rate[i - 1])]
+    stop = [i for i in range(len(rate)) if rate[i] <= 0 or (i > 0 and rate[i] > DEFAULT.lr.warmup_steepen * rate[i - 1])]
     return int(s[stop[0]]) if len(stop) else int(s[-1])
 
 
@@ -86,7 +87,7 @@ def test_the_warmup_end_read_from_the_front_is_the_whole_reading() -> None:
         if rng.random() < 0.3 and n:
             lr[int(rng.integers(0, n))] *= 50.0  # a burst, inside the warm-up or after it
         steps = np.arange(n) * int(rng.integers(1, 5))
-        assert warmup_end(steps, lr) == whole_warmup_end(steps, lr)
+        assert warmup_end(steps, lr, DEFAULT.lr) == whole_warmup_end(steps, lr)
 
 
 def test_scanners_on_threads_find_what_they_find_one_after_another(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1720,4 +1720,4 @@ def test_60_a_ramp_still_rising_stays_raised_and_one_right_after_the_warm_up_is_
     lr = np.minimum(np.arange(1, 301) / 150, 1.0) * 1e-3
     lr[100:110] *= 1.3 ** np.arange(1, 11)
     assert lr_rise_start(steps, lr, 104, lrc, until=109) == 100
-    assert lr_before(steps, lr, 100) == pytest.approx(lr[99])
+    assert lr_before(steps, lr, 100, lrc) == pytest.approx(lr[99])
