@@ -330,13 +330,19 @@ def lr_before(steps: np.ndarray, lr: np.ndarray, onset: int, lrc: LRConfig, hist
     opening warm-up's rising rows, which are the schedule on its way to that LR (fresh seed 581459's run 049: an
     excursion two rows of 10 steps after the warm-up, read as x2.1 against a median that took in the warm-up),
     once it ended before the onset: from its last row (the LR it reached) on, that row included even where it is
-    the onset's own row before. Inside a warm-up, or an LR that rises to the log's end, the rows before are all
-    there is."""
+    the onset's own row before. An excursion inside a warm-up that ends later in the data is read against the LR
+    the warm-up reaches (its last row): the LR's rise on to it is the schedule's, not a raise (fresh seed 210507's
+    run 060: a batch-1 jump at step 200 of a 261-step warm-up, its peak after it, read as "LR x2.5, still raised"
+    against the rows before, a divergence). Inside a warm-up that rises to the log's end, the rows before are
+    all there is."""
     lo, hi = max(history, onset - 1 - LR_BEFORE_ROWS), max(history, onset - 1)
     warm = warmup_end(steps, lr, lrc)
-    if warm is not None and onset < len(steps) and warm < steps[onset]:
+    if warm is not None and onset < len(steps):
         end = int(np.searchsorted(steps, warm, side="right")) - 1
-        lo, hi = max(lo, end), max(hi, end + 1)
+        if warm < steps[onset]:
+            lo, hi = max(lo, end), max(hi, end + 1)
+        elif end < len(steps) - 1 and np.isfinite(lr[end]) and lr[end] > 0:
+            return float(lr[end])
     before = lr[lo:hi]
     before = before[np.isfinite(before) & (before > 0)]
     return float(np.median(before)) if len(before) else None

@@ -1721,3 +1721,30 @@ def test_60_a_ramp_still_rising_stays_raised_and_one_right_after_the_warm_up_is_
     lr[100:110] *= 1.3 ** np.arange(1, 11)
     assert lr_rise_start(steps, lr, 104, lrc, until=109) == 100
     assert lr_before(steps, lr, 100, lrc) == pytest.approx(lr[99])
+
+
+# 61. An excursion inside the warm-up is read against the LR the warm-up reaches: the rise on to it is the schedule.
+
+def test_61_an_excursion_inside_the_warm_up_is_read_against_the_lr_it_reaches() -> None:
+    """Real CPU training (fresh seed 210507's run 060, drawn at the freeze 0d6c708 and scored before anyone looked):
+    batch 1, a log every 10 steps, a 261-step linear warm-up. A natural loss jump at step 200 peaked after the
+    warm-up ended; its LR story compared the LR up to the peak (the warm-up's end) with the median of the rows
+    before the onset (the warm-up's middle): "LR x2.5, raised and still up", a critical divergence and advice to
+    roll back to checkpoint 170, where the labeller wants none (and, later, checkpoint 1836 for a scaler collapse).
+    Against the LR the warm-up reaches it is x1.0. Fails on 0d6c708. A burst inside a warm-up is still a raise (it
+    steepens the warm-up, which ends before it: test 57), and inside a warm-up that rises to the log's end the rows
+    before are all there is."""
+    steps, cols = _fresh_run("f210507-060")
+    events = json.loads((FIXTURES / "fresh" / "f210507-060-checkpoints.json").read_text())
+    report = analyze(rows_table(steps, **cols), events_table(events))
+    [exc] = [f for f in report.findings if f.kind in ("spike", "divergence")]
+    assert (exc.kind, exc.onset_step, exc.severity) == ("spike", 200, "info"), exc
+    assert not exc.evidence["lr_raised"] and exc.evidence["lr_ratio"] == pytest.approx(1.0, abs=0.05), exc.evidence
+    assert report.rollback is None, report.rollback
+    lrc, rows = DEFAULT.lr, np.arange(300)
+    lr = np.minimum(np.arange(1, 301) / 150, 1.0) * 1e-3
+    lr[60:62] *= 50.0
+    story = _lr_story(rows, lr, 61, 90, 0, DEFAULT.spike.patience_obs, lrc, 70)
+    assert story["lr_before"] == pytest.approx(lr[59]) and story["lr_raised"], story
+    rising = np.arange(1, 101) * 1e-5  # a warm-up still rising at the log's end
+    assert lr_before(np.arange(100), rising, 60, lrc) == pytest.approx(np.median(rising[43:59]))
