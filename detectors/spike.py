@@ -583,8 +583,9 @@ def classify(sc: SpikeScanner, ep: Episode, obs: Observations) -> Finding | None
     num_far, num_out = int(far.sum()), int((zl_c > cfg.z_band).sum())
     loss_moved = num_far > 0 or ep.rule != "shewhart"  # a CUSUM of the bank fired: the loss moved
     grad_far = math.isfinite(f["glevel"]) and bool(np.any((zg_c > f["thr_grad"]) & (zg_c * f["gscale"] >= math.log(cfg.grad_min_ratio))))
+    out_of_patience = patience_ran_out(steps, onset, n, cfg)
     if ep.is_open:  # out for longer than the patience allows: not recovered (yet; a later recovery still counts)
-        recovered = False if n - onset >= cfg.patience_obs else None
+        recovered = False if out_of_patience is not None else None
     else:
         recovered = True
     if not loss_moved and (not grad_far or recovered is not True):
@@ -638,7 +639,7 @@ def classify(sc: SpikeScanner, ep: Episode, obs: Observations) -> Finding | None
                             if math.isfinite(f["glevel"]) and np.isfinite(lg).any() else None),
         "grad_norm_moved_first": grad_first, "blip": not persistent, "noise_grew": bool(ep.data.get("noise_grew")),
         "trigger_step": int(steps[max(ep.trigger, onset)]),
-        "detected_step": int(steps[min(onset + cfg.patience_obs - 1, n - 1)]) if recovered is False
+        "detected_step": int(steps[out_of_patience]) if recovered is False
         else int(steps[max(ep.trigger, onset)]),
         **lr_story, **lasting,
         "recovery_steps": int(steps[ep.recovered_at] - steps[onset]) if ep.recovered_at is not None else None,
@@ -655,6 +656,21 @@ def classify(sc: SpikeScanner, ep: Episode, obs: Observations) -> Finding | None
     return Finding(kind="spike", onset_step=int(steps[onset]), end_step=int(steps[end]), peak_step=int(steps[peak_i]),
                    segment=sc.ctx.segment, severity=severity, self_recovered=recovered, needs_action=needs,
                    evidence=evidence, message=_message(evidence, steps[onset], recovered, loss_moved, costly))
+
+
+def patience_ran_out(steps: np.ndarray, onset: int, n: int, cfg: object) -> int | None:
+    """The row at which an excursion from row ``onset`` still out at row ``n - 1`` has outlasted its patience, or None:
+    ``patience_obs`` rows, or on a coarse log sooner, once it has been out for ``patience_obs`` training steps over
+    more than ``recovery_obs`` rows (enough to have shown a recovery). A spike comes back within so many updates,
+    not rows: a log every 10 steps would otherwise wait 160 steps to call a loss 300x its level for 135 steps
+    anything but "not back yet" (fresh seed 402220's run 121, drawn at the freeze 0d6c708)."""
+    if n - onset >= cfg.patience_obs:
+        return onset + cfg.patience_obs - 1
+    first = onset + cfg.recovery_obs  # the first row with more than recovery_obs rows out
+    if first >= n:
+        return None
+    late = np.flatnonzero(steps[first:n] - steps[onset] >= cfg.patience_obs)
+    return first + int(late[0]) if len(late) else None
 
 
 def _longest_run(mask: np.ndarray) -> int:

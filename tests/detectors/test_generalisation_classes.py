@@ -1748,3 +1748,31 @@ def test_61_an_excursion_inside_the_warm_up_is_read_against_the_lr_it_reaches() 
     assert story["lr_before"] == pytest.approx(lr[59]) and story["lr_raised"], story
     rising = np.arange(1, 101) * 1e-5  # a warm-up still rising at the log's end
     assert lr_before(np.arange(100), rising, 60, lrc) == pytest.approx(np.median(rising[43:59]))
+
+
+# 62. A spike's patience is training steps: on a coarse log it runs out before 16 rows.
+
+@pytest.mark.parametrize("every", [10, 1])
+def test_62_a_spike_still_out_is_not_recovered_after_its_patience_in_steps(every: int) -> None:
+    """Fresh seed 402220's run 121 (drawn at the freeze 0d6c708): a log every 10 steps, an LR burst x231 at step 940,
+    the loss 1.4 -> 470 and still far out at the log's end 135 steps (14 rows) later: "not back to trend yet", a
+    warning with no advice, because the patience counted 16 rows (160 steps). A spike comes back within so many
+    updates, not rows: out for 16 training steps over more than ``recovery_obs`` rows, it is not recovered, critical,
+    with advice (the labeller wanted checkpoint 924). The same 14 rows on a per-step log (14 steps) are still "not
+    back yet". Fails on ec3eb0e for every=10."""
+    n = 120
+    steps = np.arange(n) * every
+    loss, grad = loss_curve(n), grad_curve(n)
+    loss[106:] *= 100.0  # out from row 106 to the last (14 rows)
+    grad[106:] *= 30.0
+    ckpts = events_table([{"event": "checkpoint", "step": int(steps[r]), "payload": {}} for r in (50, 100)])
+    report = analyze(rows_table(steps, loss=loss, grad_norm=grad), ckpts)
+    [spike] = [f for f in report.findings if f.kind == "spike"]
+    assert spike.onset_step == steps[106], spike
+    if every == 10:
+        assert (spike.severity, spike.self_recovered, spike.needs_action) == ("critical", False, True), spike
+        assert spike.evidence["detected_step"] == steps[114], spike.evidence  # 9 rows, 80 steps >= 16
+        assert report.rollback is not None and report.rollback.checkpoint_step == steps[100], report.rollback
+    else:
+        assert (spike.severity, spike.self_recovered, spike.needs_action) == ("warning", None, False), spike
+        assert report.rollback is None, report.rollback
