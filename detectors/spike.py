@@ -32,7 +32,7 @@ import math
 
 import numpy as np
 
-from runwatch.detectors.config import LRConfig
+from runwatch.detectors.config import LRConfig, SpikeConfig
 from runwatch.detectors.core import (
     BlockBaseline,
     Episode,
@@ -658,7 +658,7 @@ def classify(sc: SpikeScanner, ep: Episode, obs: Observations) -> Finding | None
                    evidence=evidence, message=_message(evidence, steps[onset], recovered, loss_moved, costly))
 
 
-def patience_ran_out(steps: np.ndarray, onset: int, n: int, cfg: object) -> int | None:
+def patience_ran_out(steps: np.ndarray, onset: int, n: int, cfg: SpikeConfig) -> int | None:
     """The row at which an excursion from row ``onset`` still out at row ``n - 1`` has outlasted its patience, or None:
     ``patience_obs`` rows, or on a coarse log sooner, once it has been out for ``patience_obs`` training steps over
     more than ``recovery_obs`` rows (enough to have shown a recovery). A spike comes back within so many updates,
