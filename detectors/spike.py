@@ -583,11 +583,9 @@ def classify(sc: SpikeScanner, ep: Episode, obs: Observations) -> Finding | None
     num_far, num_out = int(far.sum()), int((zl_c > cfg.z_band).sum())
     loss_moved = num_far > 0 or ep.rule != "shewhart"  # a CUSUM of the bank fired: the loss moved
     grad_far = math.isfinite(f["glevel"]) and bool(np.any((zg_c > f["thr_grad"]) & (zg_c * f["gscale"] >= math.log(cfg.grad_min_ratio))))
-    out_of_patience = patience_ran_out(steps, onset, n, cfg)
-    if ep.is_open:  # out for longer than the patience allows: not recovered (yet; a later recovery still counts)
-        recovered = False if out_of_patience is not None else None
-    else:
-        recovered = True
+    # Open and out for longer than the patience allows: not recovered (yet; a later recovery still counts).
+    out_of_patience = patience_ran_out(steps, onset, n, cfg) if ep.is_open else None
+    recovered = True if not ep.is_open else (False if out_of_patience is not None else None)
     if not loss_moved and (not grad_far or recovered is not True):
         return None  # the gradient norm alone moved to a new level: a trend, not an excursion
     peak_i = onset + int(np.argmax(zl_c if loss_moved else zg_c))
