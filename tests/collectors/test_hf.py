@@ -38,8 +38,8 @@ def _trainer(tmp_path: Path, run: str, max_steps: int, **kw: object) -> tuple[Tr
     args = TrainingArguments(
         output_dir=str(tmp_path / "out"), max_steps=max_steps, per_device_train_batch_size=4,
         gradient_accumulation_steps=2, learning_rate=3e-3, max_grad_norm=0.1, logging_steps=1,
-        save_strategy="steps", save_steps=4, save_total_limit=2, report_to=[], use_cpu=True,
-        include_num_input_tokens_seen="all", disable_tqdm=True, seed=0, dataloader_num_workers=0, **kw)
+        save_strategy="steps", save_steps=4, save_total_limit=2, report_to=[], include_num_input_tokens_seen="all",
+        disable_tqdm=True, seed=0, dataloader_num_workers=0, **{"use_cpu": True, **kw})
     return Trainer(model=_model(), args=args, train_dataset=_dataset(96), callbacks=[callback]), callback
 
 
@@ -89,7 +89,7 @@ def test_trainer_loss_grad_norm_checkpoints_and_resume(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the Trainer has a GradScaler only for fp16 on CUDA")
 def test_fp16_loss_scale_on_cuda(tmp_path: Path) -> None:
-    trainer, callback = _trainer(tmp_path, "hf16", 8, fp16=True)
+    trainer, callback = _trainer(tmp_path, "hf16", 8, fp16=True, use_cpu=False)
     used: list[float] = []
 
     class ScaleProbe(TrainerCallback):

@@ -205,3 +205,43 @@ def test_a_failing_hook_never_interrupts_training(tmp_path: Path) -> None:
     assert trainer.global_step == 6 and callback.monitor.num_errors >= 3
     with Store(tmp_path / "store") as store:
         assert store.meta("bad")["finished"] is True  # the run was still closed normally
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: a real GradScaler and real host-device syncs")
+def test_fp16_on_cuda_the_callback_never_syncs(tmp_path: Path) -> None:
+    """Every hook of the callback that runs per step runs under ``set_sync_debug_mode("error")``.
+
+    A synchronising CUDA call inside a hook raises there; the callback counts it
+    in ``monitor.num_errors`` instead of interrupting training, so zero errors
+    means zero syncs. Lightning's own code between the hooks runs normally.
+    """
+    import lightning.pytorch as pl
+
+    def strict(hook: object) -> object:
+        def run(*args: object, **kw: object) -> object:
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                return hook(*args, **kw)
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
+        return run
+
+    with pytest.raises(RuntimeError, match="synchroniz"):  # the probe itself can fail
+        strict(lambda: torch.ones(1, device="cuda").item())()
+    infs = frozenset({3, 9, 10})
+    callback = RunwatchCallback(tmp_path / "store", run="cuda16")
+    for name in ("on_before_optimizer_step", "on_train_batch_end"):
+        setattr(callback, name, strict(getattr(callback, name)))
+    trainer = pl.Trainer(max_steps=14, accelerator="cuda", devices=1, precision="16-mixed", logger=False,
+                         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                         default_root_dir=str(tmp_path), callbacks=[callback])
+    module = make_module(pl, inject_inf_at=infs)
+    with SyncCounter(only_from=RUNWATCH_DIR) as syncs:
+        trainer.fit(module, DataLoader(Batches(20), batch_size=None))
+    assert syncs.calls == [] and callback.monitor.num_errors == 0
+    with Store(tmp_path / "store") as store:
+        rows = store.rows("cuda16")
+    assert rows["step"].to_pylist() == list(range(1, 15))
+    assert rows["loss_scale"].to_pylist() == module.used_scales
+    assert rows["found_inf"].to_pylist() == [s in infs for s in range(1, 15)]
+    assert rows["loss"].to_pylist() == pytest.approx([x.item() for x in module.micro_losses], rel=1e-6)
