@@ -9,7 +9,8 @@ now resolves to 127.0.0.1 sends ``Host: evil.example``) and cross-site
 WebSocket hijacking (a page elsewhere opening ``ws://127.0.0.1:8501``).
 Streamlit's own XSRF token and CORS check stay on behind it.
 ``preload.PreloadChunks`` names the chart code with every page, so a first visit fetches it while the
-server reads the run.
+server reads the run; ``backend_base.BackendBase`` tells the page where the server's API is, so it does not
+probe a wrong address first.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import streamlit as st
 from starlette.middleware import Middleware
 
 from runwatch.app.auth import ALLOWED_HOSTS_ENV, HostGuard
+from runwatch.app.backend_base import BackendBase
 from runwatch.app.preload import PreloadChunks
 
 
@@ -41,4 +43,5 @@ for _name in PAGE_MODULES:
     importlib.import_module(_name)
 
 app = st.App(Path(__file__).resolve().parent / "dashboard.py",
-             middleware=[Middleware(HostGuard, allowed_hosts=allowed_hosts_from_env()), Middleware(PreloadChunks)])
+             middleware=[Middleware(HostGuard, allowed_hosts=allowed_hosts_from_env()), Middleware(PreloadChunks),
+                         Middleware(BackendBase)])

@@ -15,7 +15,7 @@ from pathlib import Path
 import streamlit as st
 from PIL import Image, ImageDraw
 
-from runwatch.app import escape
+from runwatch.app import escape, pages
 from runwatch.app.auth import AUTH_ENV, check_bind, read_auth, user_allowed
 
 HERE = Path(__file__).parent
@@ -61,11 +61,7 @@ def favicon() -> Image.Image:
 st.set_page_config(page_title="runwatch", page_icon=favicon(), layout="wide")
 gate()
 
-PAGES = [
-    st.Page(HERE / "screens" / "overview.py", title="Overview", icon=":material/monitor_heart:", url_path="overview", default=True),
-    st.Page(HERE / "screens" / "run.py", title="Run", icon=":material/show_chart:", url_path="run"),
-    st.Page(HERE / "screens" / "compare.py", title="Compare", icon=":material/compare_arrows:", url_path="compare"),
-    st.Page(HERE / "screens" / "import_log.py", title="Import", icon=":material/upload_file:", url_path="import_log"),
-]
+PAGES = [st.Page(HERE / "screens" / p.script, title=p.title, icon=p.icon, url_path=p.url_path, default=i == 0)
+         for i, p in enumerate(pages.PAGES)]
 
 st.navigation(PAGES, position="top").run()

@@ -470,3 +470,21 @@ def test_new_flush_appears_without_reload(server: str, page, demo_root: Path) ->
         assert time.time() < deadline, "the new flush did not appear within 30 s"
         time.sleep(0.5)
     assert page.locator(".stException").count() == 0
+
+
+def test_the_api_base_is_the_address_less_a_page_name(browser_context) -> None:
+    """``backend_base``'s head script, run by Chromium on pages at several addresses (served by the test itself):
+    a trailing page name is dropped, a path prefix (a reverse proxy's) is kept, and nothing else is taken for a page."""
+    from runwatch.app.backend_base import head_script
+
+    tab = browser_context.new_page()
+    html = b"<html><head>" + head_script() + b"</head><body></body></html>"
+    tab.route("http://dash.test/**", lambda route: route.fulfill(status=200, content_type="text/html", body=html))
+    cases = {"/run?run=x": "", "/": "", "/compare": "", "/import_log/": "", "/runwatch/run": "/runwatch",
+             "/runwatch/": "/runwatch", "/running": "/running"}
+    try:
+        for path, base in cases.items():
+            tab.goto("http://dash.test" + path)
+            assert tab.evaluate("window.__streamlit.BACKEND_BASE_URL") == "http://dash.test" + base, path
+    finally:
+        tab.close()

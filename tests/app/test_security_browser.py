@@ -147,6 +147,10 @@ def test_hostile_text_is_shown_as_text_and_fetches_nothing(chromium, hostile_ser
     assert requests, "no request was recorded"
     foreign = [u for u in requests if urlsplit(u).scheme not in ("data", "blob", "about") and urlsplit(u).netloc != own]
     assert not foreign, foreign
+    # Each page found the server's API at once: no probe of a page's own path first (/run/_stcore/health, a 404
+    # and a 100 ms retry before the WebSocket: app/backend_base.py).
+    probes = [urlsplit(u).path for u in requests if u.endswith("/_stcore/health")]
+    assert probes and set(probes) == {"/_stcore/health"}, probes
 
 
 def test_replace_needs_the_run_name_typed(chromium, hostile_server) -> None:

@@ -94,3 +94,32 @@ def test_pages_name_the_chart_chunks_for_preload(tmp_path: Path) -> None:
             chunk = urllib.request.urlopen(urljoin(f"{base}/run", link), timeout=30)
             assert chunk.status == 200 and "javascript" in chunk.headers.get_content_type()
             assert chunk.headers.get("link") is None  # assets are not pages
+
+
+def test_pages_tell_the_browser_where_the_api_is(tmp_path: Path) -> None:
+    """Every HTML page, gzipped or not, starts its head with the script that sets Streamlit's backend base URL;
+    assets and the API are served as they are."""
+    import gzip
+    import urllib.request
+
+    from runwatch.app.backend_base import head_script
+    from tests.app.test_browser import dashboard_server
+
+    def get(url: str, **headers: str) -> tuple[object, bytes]:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=30) as r:
+            return r, r.read()
+
+    with dashboard_server(tmp_path) as base:
+        for path in ("/", "/run?run=x", "/compare"):
+            plain, body = get(base + path)
+            packed, packed_body = get(base + path, **{"Accept-Encoding": "gzip"})
+            assert plain.headers.get_content_type() == "text/html" and packed.headers.get("content-encoding") is None
+            assert body == packed_body and int(plain.headers["content-length"]) == len(body)
+            head = body.index(b"<head>") + len(b"<head>")
+            assert body[head:head + len(head_script())] == head_script()
+        asset, asset_body = get(base + "/_stcore/health", **{"Accept-Encoding": "gzip"})
+        assert asset_body == b"ok" and head_script() not in asset_body
+        found = next(p for p in __import__("re").findall(rb'src="(\./static/js/[^"]+)"', body))
+        js, js_body = get(base + "/" + found.decode().lstrip("./"), **{"Accept-Encoding": "gzip"})
+        raw = gzip.decompress(js_body) if js.headers.get("content-encoding") == "gzip" else js_body
+        assert head_script() not in raw
