@@ -137,6 +137,17 @@ def _a_jump(o: Finding) -> bool:
     return o.kind == "spike" and o.evidence.get("rule") == "shewhart"
 
 
+def _one_per_raise(findings: list[Finding]) -> list[Finding]:
+    """An LR raise inside an excursion that a spike and a divergence episode both cover is found by each: keep one."""
+    seen, out = set(), []
+    for f in findings:
+        key = (f.segment, f.evidence.get("lr_rise_step")) if f.evidence.get("rule") == "lr_raise_inside" else None
+        if key is None or key not in seen:
+            out.append(f)
+            seen.add(key)
+    return out
+
+
 def merge_overlaps(findings: list[Finding], cfg: DetectorConfig = DEFAULT) -> list[Finding]:
     """One incident, one finding.
 
@@ -147,7 +158,8 @@ def merge_overlaps(findings: list[Finding], cfg: DetectorConfig = DEFAULT) -> li
     (``_seen_first``), merge into it (earliest onset), unless the first was a
     jump (``_a_jump``): then the incident is that unrecovered spike. A climb
     that began after an unrecovered finding was confirmed is a new development
-    beside it. A 'divergence' that came back down inside a spike was that spike.
+    beside it, and so is an LR raised off the schedule inside it (a second cause). A 'divergence' that came back
+    down inside a spike was that spike.
     A NaN after a divergence stays its own finding: it changes the advice
     (BF16, data) and marks the point of no return; a scaler collapse that
     starts inside a NaN episode is that NaN (the scaler skips non-finite steps),
@@ -155,6 +167,7 @@ def merge_overlaps(findings: list[Finding], cfg: DetectorConfig = DEFAULT) -> li
     collapse (skipped updates leave the loss above its trend).
     """
     out = [_as_divergence(f, cfg) if _diverged(f, cfg) else f for f in findings]
+    out = _one_per_raise(out)
     # The LR change-point tests are the fallback for a lift nothing else saw: where another divergence covers
     # the raise or the burst, that one (its climb or jump, its LR story and advice) is the finding.
     out = [f for f in out if not (f.evidence.get("rule") in ("lr_change_point", "lr_burst_change_point") and any(
@@ -177,7 +190,9 @@ def merge_overlaps(findings: list[Finding], cfg: DetectorConfig = DEFAULT) -> li
     for d in sorted([f for f in out if f.kind == "divergence"], key=lambda f: f.onset_step):
         if d not in out:
             continue
-        others = [o for o in out if o is not d and o.kind in LOSS_KINDS and overlaps(d, o)]
+        # An LR raised off the schedule inside it is a cause of its own (``lr_raise_inside``), never absorbed.
+        others = [o for o in out if o is not d and o.kind in LOSS_KINDS and overlaps(d, o)
+                  and o.evidence.get("rule") != "lr_raise_inside"]
         if d.self_recovered:
             if any(o.kind == "spike" for o in others):
                 out.remove(d)

@@ -544,7 +544,10 @@ class DivergenceScanner:
         loss = obs["loss"]
         items = list(self.closed) + ([(self.episode, len(loss) - 1, False)] if self.episode else [])
         out = [self._classify(ep, end, rec, obs) for ep, end, rec in items]
-        if self.episode is None:
+        if self.episode is not None:  # a second cause inside the divergence still open
+            inside = lr_raise_inside(obs, out[-1], self.episode["confirm"], self.ctx.history, self.ctx.config)
+            out += [] if inside is None else [inside]
+        else:
             early = self._precursor(obs)
             if early is not None:
                 out.append(early)
@@ -725,6 +728,36 @@ def lr_level_shift(obs: Observations, history: int, cfg: DivergenceConfig, lrc: 
                            + (f" (x{ratio:.3g})" if ratio else "")
                            + f": {level:.4g} -> {after_level:.4g}, {z_now:.1f} standard errors; still up at the last"
                              " step")
+
+
+def lr_raise_inside(obs: Observations, excursion: Finding, confirmed: int, history: int, config: object) -> Finding | None:
+    """A second cause inside an unrecovered loss excursion: the LR raised off the schedule (``lr_raised_since``) after
+    the excursion was confirmed (row ``confirmed``), and still up at the last row.
+
+    The two-median test of ``lr_level_shift`` cannot see it: the level before the raise is the excursion's own, so
+    the loss has no lift left to show. The LR column shows the cause itself, and a run cannot come back while an LR
+    raised off its schedule stays up (for ``lr_shift_obs`` rows, as ``lr_level_shift`` asks), so it is a divergence
+    of its own beside the excursion (the rollback still
+    precedes the excursion, the earliest problem). A healthy run has no unrecovered excursion to test, so the
+    false-alarm budget is untouched (fresh seeds 402220's run 077 and 253768's run 062: an LR burst's spike never
+    came back, and the LR then grew x1.5 and more, labelled a divergence of its own and reported as nothing)."""
+    steps, lr = obs["step"], obs["lr"]
+    rise = lr_raised_since(steps, lr, config.lr, history)
+    if rise is None or rise <= confirmed or len(lr) - rise < config.divergence.lr_shift_obs \
+            or excursion.self_recovered is not False:
+        return None
+    onset = first_consequence(steps, rise)
+    before, now = float(lr[rise - 1]), float(lr[-1])
+    ratio = now / before if before > 0 else None
+    return Finding(kind="divergence", onset_step=int(steps[onset]), end_step=int(steps[-1]), peak_step=int(steps[-1]),
+                   segment=excursion.segment, severity="critical", self_recovered=False, needs_action=True,
+                   evidence={"rule": "lr_raise_inside", "lr_rise_step": int(steps[rise]), "lr_before": before,
+                             "lr_at_onset": now, "lr_ratio": ratio, "lr_raised": True, "lr_still_raised": True,
+                             "inside_step": excursion.onset_step, "detected_step": int(steps[-1])},
+                   message=f"the learning rate was raised off its schedule at step {int(steps[rise])}"
+                           + (f" (x{ratio:.3g} by the last step)" if ratio else "")
+                           + f" while the loss was still out from step {excursion.onset_step}: the run cannot come"
+                             " back under it")
 
 
 def lr_bursts(steps: np.ndarray, lr: np.ndarray, lrc: LRConfig, history: int = 0) -> list[tuple[int, int]]:

@@ -51,6 +51,7 @@ from runwatch.detectors.divergence import (
     lr_before,
     lr_burst_shifts,
     lr_jump_inside,
+    lr_raise_inside,
     lr_rise_start,
     lr_step_before,
     restart_before,
@@ -482,8 +483,11 @@ class SpikeScanner:
     # -- findings ----------------------------------------------------------------------------------
 
     def findings(self, obs: Observations) -> list[Finding]:
-        items = list(self.closed) + ([self.episode] if self.episode is not None else [])
-        out = [f for f in (classify(self, ep, obs) for ep in items) if f is not None]
+        current = classify(self, self.episode, obs) if self.episode is not None else None
+        out = [f for f in [*(classify(self, ep, obs) for ep in self.closed), current] if f is not None]
+        if current is not None:  # a second cause inside the excursion still open
+            inside = lr_raise_inside(obs, current, self.episode.trigger, self.ctx.history, self.ctx.config)
+            out += [] if inside is None else [inside]
         # An LR burst is a known change point: a lift after it that no excursion above covers is its own finding.
         bursts = lr_burst_shifts(obs, self.ctx.history, self.ctx.config, self.ctx.segment)
         out += [b for b in own_findings(bursts, obs["step"], self.ctx.history)
