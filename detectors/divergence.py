@@ -737,10 +737,11 @@ def lr_raise_inside(obs: Observations, excursion: Finding, confirmed: int, histo
     The two-median test of ``lr_level_shift`` cannot see it: the level before the raise is the excursion's own, so
     the loss has no lift left to show. The LR column shows the cause itself, and a run cannot come back while an LR
     raised off its schedule stays up (for ``lr_shift_obs`` rows, as ``lr_level_shift`` asks), so it is a divergence
-    of its own beside the excursion (the rollback still
-    precedes the excursion, the earliest problem). A healthy run has no unrecovered excursion to test, so the
-    false-alarm budget is untouched (fresh seeds 402220's run 077 and 253768's run 062: an LR burst's spike never
-    came back, and the LR then grew x1.5 and more, labelled a divergence of its own and reported as nothing)."""
+    of its own beside the excursion (the rollback still precedes the excursion, the earliest problem). A healthy
+    run has no unrecovered excursion to test, so the false-alarm budget is untouched (fresh seed 402220's run 077:
+    an LR burst's spike never came back, and the LR then grew x1.5 and more, labelled a divergence of its own and
+    reported as nothing). A raise before the excursion was confirmed is part of it (its cause, or a slow rise
+    the excursion's trigger came after: 253768's run 062)."""
     steps, lr = obs["step"], obs["lr"]
     rise = lr_raised_since(steps, lr, config.lr, history)
     if rise is None or rise <= confirmed or len(lr) - rise < config.divergence.lr_shift_obs \
