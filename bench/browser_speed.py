@@ -58,6 +58,15 @@ MIN_PANELS = 4
 WATCH_SCRIPT = """
 (() => {
   const need = %d, main = [0x1f, 0x4e, 0x79];
+  // When Streamlit's WebSocket opens: what its page load and its search for the server's API cost.
+  const Socket = window.WebSocket;
+  window.WebSocket = function (...args) {
+    const ws = new Socket(...args);
+    ws.addEventListener('open', () => { if (window.__socketAt === undefined) window.__socketAt = performance.now(); });
+    return ws;
+  };
+  window.WebSocket.prototype = Socket.prototype;
+  Object.assign(window.WebSocket, Socket);
   function plotlyPanels() {
     const axes = new Set();
     document.querySelectorAll('.js-plotly-plot .scatterlayer .trace').forEach(t => {
@@ -154,18 +163,20 @@ def start_server(side: Side, root: Path, links: Path) -> tuple[subprocess.Popen,
 
 
 def visit(context, url: str, timeout_s: float = 120.0) -> dict[str, float | None]:
-    """Navigate a new tab to ``url``; seconds from navigation start to charts drawn and to the verdict."""
+    """Navigate a new tab to ``url``; seconds from navigation start to charts drawn, to the verdict and to the
+    WebSocket's opening."""
     page = context.new_page()
     try:
         page.goto(url, wait_until="commit")
         page.wait_for_function("window.__chartsAt !== undefined", timeout=timeout_s * 1000, polling=100)
         charts = page.evaluate("window.__chartsAt") / 1000
+        socket = page.evaluate("window.__socketAt")
         try:
             page.wait_for_function("window.__judgedAt !== undefined", timeout=timeout_s * 1000, polling=100)
             judged = page.evaluate("window.__judgedAt") / 1000
         except Exception:  # noqa: BLE001 - a page that never shows a verdict is reported, not fatal
             judged = None
-        return {"charts_s": charts, "judged_s": judged}
+        return {"charts_s": charts, "judged_s": judged, "socket_s": None if socket is None else socket / 1000}
     finally:
         page.close()
 
@@ -227,7 +238,7 @@ def main() -> None:
         print(f"wrote {args.steps:,} steps in {time.perf_counter() - t0:.1f} s")
     from playwright.sync_api import sync_playwright
 
-    results = {side: {"cold": [], "warm": [], "cold_judged": [], "warm_judged": []} for side in sides}
+    results = {side: {"cold": [], "warm": [], "cold_judged": [], "warm_judged": [], "warm_socket": []} for side in sides}
     names = {side: code_of(side, links / str(i)) for i, side in enumerate(sides)}
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
@@ -238,17 +249,18 @@ def main() -> None:
                     for kind in ("cold", "warm"):
                         results[side][kind].append(out[kind]["charts_s"])
                         results[side][f"{kind}_judged"].append(out[kind]["judged_s"])
+                    results[side]["warm_socket"].append(out["warm"]["socket_s"])
                     print(f"round {r + 1}: {names[side]}: cold charts {out['cold']['charts_s']:.2f} s "
                           f"(verdict {_s(out['cold']['judged_s'])}), warm charts {out['warm']['charts_s']:.2f} s "
                           f"(verdict {_s(out['warm']['judged_s'])})", flush=True)
         finally:
             browser.close()
     print(f"\n| server ({args.steps:,}-step run page, real Chromium) | cold: charts drawn | cold: verdict shown "
-          "| warm: charts drawn | warm: verdict shown |\n|---|---:|---:|---:|---:|")
+          "| warm: charts drawn | warm: verdict shown | warm: WebSocket open |\n|---|---:|---:|---:|---:|---:|")
     for side in sides:
         res = results[side]
         print(f"| {names[side]} | {_fmt(res['cold'])} | {_fmt(res['cold_judged'])} | {_fmt(res['warm'])} "
-              f"| {_fmt(res['warm_judged'])} |")
+              f"| {_fmt(res['warm_judged'])} | {_fmt(res['warm_socket'])} |")
 
 
 if __name__ == "__main__":
