@@ -748,8 +748,10 @@ def lr_raise_inside(obs: Observations, excursion: Finding, confirmed: int, histo
             or excursion.self_recovered is not False:
         return None
     onset = first_consequence(steps, rise)
-    before, now = float(lr[rise - 1]), float(lr[-1])
-    ratio = now / before if before > 0 else None
+    logged = np.flatnonzero(np.isfinite(lr[:rise]) & (lr[:rise] > 0))  # the LR before it, where one was logged
+    before = float(lr[logged[-1]]) if len(logged) else None  # None, not NaN: evidence is JSON
+    now = float(lr[-1])
+    ratio = now / before if before else None
     return Finding(kind="divergence", onset_step=int(steps[onset]), end_step=int(steps[-1]), peak_step=int(steps[-1]),
                    segment=excursion.segment, severity="critical", self_recovered=False, needs_action=True,
                    evidence={"rule": "lr_raise_inside", "lr_rise_step": int(steps[rise]), "lr_before": before,
