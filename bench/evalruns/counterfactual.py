@@ -54,10 +54,13 @@ class LabelRules:
     """A median lift of 2 sigma over ``cost_window`` observations after the end is a lasting cost: the
     run came back to a worse curve and needs action (DETECTION.md section 5)."""
     noise_window: int = 64
-    """Twin observations before the fault whose residuals give sigma: the noise where the fault acts. A MAD of
-    64 is within ~15% of sigma; a longer window reaches back into early training, whose noise is several
-    times smaller (the batch-to-batch spread grows as the model leaves its uniform prediction), and would
-    inflate every early effect (v4 used 200: a 4-sigma bump at step 200 read as 9 sigma)."""
+    """Twin observations around the fault (half before it, half after: the twin is clean on both sides) whose
+    residuals give sigma: the noise where the fault acts. A MAD of 64 is within ~15% of sigma. The batch-to-
+    batch spread grows as the model leaves its uniform prediction, so a window reaching back into early
+    training reads the noise several times too small and inflates every effect there: v4's 200 observations
+    before the fault read a 4-sigma bump at step 200 as 9 sigma, and v5's 64 before it, on a log every 5-10
+    steps, still reached back 300-600 steps (fresh seed 595643's run 123: a bad batch at step 345, loss 4.77
+    among rows up to 3.5, labelled 13.8 sigma; 5.3 in the noise around it)."""
     trend_window: int = 15
     """Rolling-median width (observations) for the loss and gradient-norm trend; step time has no trend
     and takes its residuals about the window's median, so a noisy host's wander counts as noise."""
@@ -109,10 +112,11 @@ def rolling_median(x: np.ndarray, width: int) -> np.ndarray:
     return np.array([np.nanmedian(x[max(0, i - half):i + half + 1]) for i in range(len(x))])
 
 
-def noise_sigma(twin: np.ndarray, upto: int, rules: LabelRules, trend: bool) -> float:
-    """1.4826 x MAD of the twin's residuals over the ``noise_window`` observations before index ``upto``."""
-    lo = max(0, upto - rules.noise_window)
-    x = twin[lo:upto]
+def noise_sigma(twin: np.ndarray, at: int, rules: LabelRules, trend: bool) -> float:
+    """1.4826 x MAD of the twin's residuals over ``noise_window`` observations centred on index ``at`` (shifted
+    inwards at either end of the series)."""
+    hi = min(len(twin), max(0, at - rules.noise_window // 2) + rules.noise_window)
+    x = twin[max(0, hi - rules.noise_window):hi]
     x = x[np.isfinite(x)]
     if len(x) < 3:
         return float("nan")

@@ -43,7 +43,7 @@ from .heldout import HeldoutSpec, subsample
 from .scenarios import LabelledRun
 from .truth import MainLine, backoff_bursts, right_checkpoint
 
-VERSION = "fresh-v5"  # v5: sigma from the 64 twin observations before the fault (v4: 200); natural events from the first observations
+VERSION = "fresh-v6"  # v6: sigma from 64 twin observations centred on the fault (v5: the 64 before it; v4: 200); natural events from the first observations
 NUM_RUNS = 150
 
 

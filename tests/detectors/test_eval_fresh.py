@@ -157,6 +157,24 @@ def test_effect_size_decides_label_dont_care_or_nothing(size, expect) -> None:
     assert got == expect
 
 
+def test_an_effect_is_judged_in_the_noise_around_it_not_in_early_training() -> None:
+    """Seed 595643's run 123 in miniature: the batch-to-batch spread grows as training leaves its start (0.05
+    for the first 100 observations, 0.4 from there), and a one-observation bump of 1.6 at observation 130 is 4
+    sigma of the noise there. The 64 observations before it are mostly the quiet start (they read it as ~11
+    sigma, a clear label runwatch would be scored as missing); centred on it they are mostly the noise it
+    lives in: a dont_care, neither a miss nor a false alarm."""
+    rng = np.random.default_rng(3)
+    n = 400
+    twin = 3.0 + np.where(np.arange(n) < 100, 0.05, 0.4) * rng.standard_normal(n)
+    effect = np.zeros(n)
+    effect[130] = 1.6
+    cols = {"grad_norm": np.ones(n), "loss_scale": np.full(n, np.nan), "found_inf": np.zeros(n, bool),
+            "step_time": np.ones(n)}
+    lin = Lineage(np.arange(n), np.zeros(n, int), {**cols, "loss": twin + effect}, {**cols, "loss": twin})
+    lab = loss_label(Injection("spike", "bad_batch", 0, 130, 130, 130), lin, 130, n, LabelRules())
+    assert lab is not None and lab.dont_care and 3.0 <= lab.size < LabelRules().clear_peak
+
+
 def test_label_rules_reject_inverted_thresholds() -> None:
     with pytest.raises(ValueError, match="negligible < clear"):
         LabelRules(clear_peak=2.0)
