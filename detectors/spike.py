@@ -540,12 +540,21 @@ def _lr_story(steps: np.ndarray, lr: np.ndarray, onset: int, end: int, history: 
     # where a warm-up goes on rising past it (held-out h-spike-12: x110 for two steps in a 150-step warm-up, back
     # on its path at once, which the median before lags), while a schedule's own decay of a raised LR (a step
     # schedule's x0.1) leaves it raised.
-    during = lr[onset:end + 1]
-    during = during[np.isfinite(during)]
+    # A ramp is still raised too once its last ``held_steps`` updates are all at the factor: the median over the
+    # episode lags it (its first rows are under the factor; fresh seed 501650's run 115: x1.0004 a step from 1017,
+    # x1.68 at the log's end, the median x1.3), while a burst of a few updates is no level the run trains at.
+    finite = np.isfinite(lr[onset:end + 1]) & (lr[onset:end + 1] > 0)
+    during, at = lr[onset:end + 1][finite], steps[onset:end + 1][finite]
+    spacing = float(np.median(np.diff(at))) if len(at) > 1 else 1.0
+    hold_rows = max(2, int(np.ceil(lrc.held_steps / max(spacing, 1.0))))
     stepped_up = rise_at > history and bool(lr[rise_at] >= lrc.raise_factor * lr[rise_at - 1])  # not a ramp
     back = max(level, float(lr[rise_at - 1])) if stepped_up else level
-    still = bool(raised and len(during) and float(np.median(during)) >= lrc.raise_factor * level
-                 and not np.any(during <= lrc.flat * back))
+    up = np.flatnonzero(during >= lrc.raise_factor * level)
+    since = during[up[0]:] if len(up) else during[:0]  # from the first row at the factor (a ramp's start is not)
+    held_up = len(since) >= hold_rows and bool(np.all(since[-hold_rows:] >= lrc.raise_factor * level))
+    still = bool(raised and len(during) and (
+        (float(np.median(during)) >= lrc.raise_factor * level and not np.any(during <= lrc.flat * back))
+        or (held_up and not np.any(since <= lrc.flat * back))))
     earlier = trained_level(steps[history:rise_at], lr[history:rise_at], lrc)  # the highest LR the run trained at before this rise
     held = lr[onset:onset + patience]
     # The schedule: the LR decayed, then went back to a level the run already trained at and stayed there (a warm

@@ -1820,3 +1820,39 @@ def test_63_guards_no_second_cause_without_an_unrecovered_excursion_and_a_later_
         lr[450:] = 4e-3
     report = analyze(rows_table(steps, loss=loss, grad_norm=grad, lr=lr))
     assert not [f for f in report.findings if f.evidence.get("rule") == "lr_raise_inside"], report.findings
+
+
+# 64. An LR ramp still held at its raised level is still raised, though most of the excursion ran under less.
+
+@pytest.mark.parametrize("name,onset,checkpoint", [("f501650-115", 1018, 1015), ("f501650-146", 1325, 1235)])
+def test_64_an_lr_ramp_held_up_at_the_end_is_still_raised_and_a_divergence(name: str, onset: int,
+                                                                          checkpoint: int) -> None:
+    """Real CPU training (fresh seed 501650, ``tests/fixtures/fresh``). Run 115: constant LR, an LR ramp x1.0004 a
+    step from 1017; the loss is out from 1019 and never back, the LR x1.68 at the log's last row. Run 146 (a log
+    every 25 steps, step schedule): a ramp from 1325, the loss out from 1525. The labeller calls both divergences
+    (the cause stays and the run cannot come back under it). runwatch called them unrecovered spikes: "still
+    raised" asked for the median LR over the excursion at 1.5x the LR before, which a ramp reaches only in its
+    later half (run 115: x1.3), and for no row back near it, which a ramp's first rows are. A ramp whose last
+    ``held_steps`` updates are all at the factor, never back since it got there, is still raised: a divergence
+    from where the LR left its path, advice before it (run 146 advised 1495 before, inside the ramp). Fails on
+    HEAD~1."""
+    steps, cols = _fresh_run(name)
+    events = json.loads((FIXTURES / "fresh" / f"{name}-checkpoints.json").read_text())
+    report = analyze(rows_table(steps, **cols), events_table(events))
+    loss = [f for f in report.findings if f.kind in ("spike", "divergence") and f.severity != "info"]
+    assert [(f.kind, f.onset_step) for f in loss] == [("divergence", onset)], loss
+    assert loss[0].evidence["lr_still_raised"] and "still up" in loss[0].message, loss[0].message
+    assert report.rollback is not None and report.rollback.checkpoint_step == checkpoint, report.rollback
+
+
+def test_64_guard_a_burst_over_before_the_end_is_not_still_raised() -> None:
+    """A burst x4 for three updates throws the loss up for good: the LR came back, so the excursion is a spike
+    that did not recover (its batches skipped on the rollback), not a divergence."""
+    n = 600
+    steps, loss, grad, lr = np.arange(n), loss_curve(n), grad_curve(n), np.full(n, 1e-3)
+    lr[300:303] = 4e-3
+    loss[301:] += 3.0
+    grad[301:] *= 8.0
+    report = analyze(rows_table(steps, loss=loss, grad_norm=grad, lr=lr))
+    loss_findings = [f for f in report.findings if f.kind in ("spike", "divergence") and f.severity != "info"]
+    assert [(f.kind, f.evidence.get("lr_still_raised")) for f in loss_findings] == [("spike", False)], loss_findings
