@@ -70,11 +70,15 @@ def _diverged(f: Finding, cfg: DetectorConfig) -> bool:
     that is still raised (not the schedule), whether or not the loss came back (the cause decides the fix: a
     raised LR is a divergence in the making, lower it; a burst that is over leaves a spike, roll back and skip
     its batches). By its shape: unrecovered and still climbing (``climbing``: the later half of it above the
-    earlier by the divergence's ``growth_z`` standard errors), a change in slope (DETECTION.md section 5). A
-    jump that stays up without either is a spike that did not recover."""
+    earlier by the divergence's ``growth_z`` standard errors), a change in slope (DETECTION.md section 5); or
+    unrecovered after the gradient or activation norm had been climbing into it before the loss moved
+    (``cause_start``: x2 or x3 over blocks, beyond the norm's own wander), OPT's precursor that the loss has now
+    followed. A jump that stays up without any of these is a spike that did not recover."""
     if f.kind != "spike" or f.evidence.get("blip"):
         return False
-    return lr_still_up(f.evidence) or (f.needs_action and bool(f.evidence.get("climbing")))
+    ev = f.evidence
+    norms_led = any(ev.get(k) is not None and ev[k] < f.onset_step for k in ("act_norm_climb_step", "grad_norm_climb_step"))
+    return lr_still_up(ev) or (f.needs_action and (bool(ev.get("climbing")) or norms_led))
 
 
 def _as_divergence(f: Finding, cfg: DetectorConfig) -> Finding:

@@ -1856,3 +1856,35 @@ def test_64_guard_a_burst_over_before_the_end_is_not_still_raised() -> None:
     report = analyze(rows_table(steps, loss=loss, grad_norm=grad, lr=lr))
     loss_findings = [f for f in report.findings if f.kind in ("spike", "divergence") and f.severity != "info"]
     assert [(f.kind, f.evidence.get("lr_still_raised")) for f in loss_findings] == [("spike", False)], loss_findings
+
+
+# 65. An excursion that never came back after a norm climbed into it is the divergence the climb announced.
+
+def test_65_an_unrecovered_excursion_a_norm_climbed_into_is_a_divergence() -> None:
+    """Real CPU training (fresh seed 448775's run 105): linear decay, an LR ramp from 914 that the decay hides (the
+    LR never rises: x1.0 at the loss's onset), the final layer's weights creeping up with it. The activation norm
+    climbs from 915; the loss leaves its band at 1016 and never comes back. The labeller: a divergence from 914,
+    right checkpoint 912. runwatch advised 912 (before the norm's climb) but called it a spike from 1016: only an
+    LR still raised or a climbing loss made an unrecovered excursion a divergence. A norm that had been climbing
+    (x3, beyond its own block-to-block wander) before the loss moved is OPT's precursor, and the unrecovered
+    excursion it ran into is the divergence it announced, from the climb's start. Fails on HEAD~1 (spike, 1016)."""
+    steps, cols = _fresh_run("f448775-105")
+    events = json.loads((FIXTURES / "fresh" / "f448775-105-checkpoints.json").read_text())
+    report = analyze(rows_table(steps, **cols), events_table(events))
+    open_loss = [f for f in report.findings if f.kind in ("spike", "divergence") and f.severity == "critical"]
+    assert [(f.kind, f.onset_step) for f in open_loss] == [("divergence", 915)], open_loss
+    assert open_loss[0].evidence["act_norm_climb_step"] == 915 and open_loss[0].evidence["loss_climb_step"] == 1016
+    assert report.rollback is not None and report.rollback.checkpoint_step == 912, report.rollback
+
+
+def test_65_guard_an_unrecovered_jump_with_flat_norms_stays_a_spike() -> None:
+    """No norm climbed before the loss jumped (a bad shard from which the run never recovers): a spike, its
+    batches to skip on the rollback, not a divergence."""
+    n = 600
+    steps, loss, grad = np.arange(n), loss_curve(n), grad_curve(n)
+    act = np.full(n, 5.0) + 0.05 * np.random.default_rng(1).standard_normal(n)
+    loss[301:] += 3.0
+    grad[301:] *= 8.0
+    report = analyze(rows_table(steps, loss=loss, grad_norm=grad, act_norm=act, lr=np.full(n, 1e-3)))
+    loss_findings = [f for f in report.findings if f.kind in ("spike", "divergence") and f.severity != "info"]
+    assert [(f.kind, f.self_recovered) for f in loss_findings] == [("spike", False)], loss_findings
