@@ -169,6 +169,13 @@ def act_growth_start(steps: np.ndarray, act: np.ndarray, before_step: int,
     return growth_start(steps, act, before_step, min_growth)
 
 
+def held_rows(steps: np.ndarray, lrc: LRConfig) -> int:
+    """Rows that span ``lrc.held_steps`` updates at these rows' median spacing, at least two: how long an LR must
+    be held to be a level the run trains at."""
+    spacing = float(np.median(np.diff(steps))) if len(steps) > 1 else 1.0
+    return max(2, int(np.ceil(lrc.held_steps / max(spacing, 1.0))))
+
+
 def trained_level(steps: np.ndarray, lr: np.ndarray, lrc: LRConfig) -> float:
     """The highest LR the run trained at over these rows: the highest level held for ``lrc.held_steps`` updates
     (each run of that many rows, at least two, counts at its lowest); -inf without a finite LR."""
@@ -176,8 +183,7 @@ def trained_level(steps: np.ndarray, lr: np.ndarray, lrc: LRConfig) -> float:
     v, at = lr[ok], steps[ok]
     if not len(v):
         return -np.inf
-    spacing = float(np.median(np.diff(at))) if len(at) > 1 else 1.0
-    rows = min(len(v), max(2, int(np.ceil(lrc.held_steps / max(spacing, 1.0)))))
+    rows = min(len(v), held_rows(at, lrc))
     held = v[:len(v) - rows + 1].copy()
     for j in range(1, rows):  # a running minimum by shifted contiguous slices (a strided view's min is ~10x slower)
         np.minimum(held, v[j:len(v) - rows + 1 + j], out=held)

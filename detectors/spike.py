@@ -47,6 +47,7 @@ from runwatch.detectors.divergence import (
     climb_se,
     fell_into,
     first_consequence,
+    held_rows,
     in_warmup,
     lr_before,
     lr_burst_shifts,
@@ -545,8 +546,7 @@ def _lr_story(steps: np.ndarray, lr: np.ndarray, onset: int, end: int, history: 
     # x1.68 at the log's end, the median x1.3), while a burst of a few updates is no level the run trains at.
     finite = np.isfinite(lr[onset:end + 1]) & (lr[onset:end + 1] > 0)
     during, at = lr[onset:end + 1][finite], steps[onset:end + 1][finite]
-    spacing = float(np.median(np.diff(at))) if len(at) > 1 else 1.0
-    hold_rows = max(2, int(np.ceil(lrc.held_steps / max(spacing, 1.0))))
+    hold_rows = held_rows(at, lrc)
     stepped_up = rise_at > history and bool(lr[rise_at] >= lrc.raise_factor * lr[rise_at - 1])  # not a ramp
     back = max(level, float(lr[rise_at - 1])) if stepped_up else level
     up = np.flatnonzero(during >= lrc.raise_factor * level)
