@@ -77,7 +77,8 @@ def _diverged(f: Finding, cfg: DetectorConfig) -> bool:
     if f.kind != "spike" or f.evidence.get("blip"):
         return False
     ev = f.evidence
-    norms_led = any(ev.get(k) is not None and ev[k] < f.onset_step for k in ("act_norm_climb_step", "grad_norm_climb_step"))
+    norms_led = any(ev.get(k) is not None and ev[k] < f.onset_step
+                    for k in ("act_norm_climb_step", "grad_norm_climb_step"))
     return lr_still_up(ev) or (f.needs_action and (bool(ev.get("climbing")) or norms_led))
 
 
