@@ -340,7 +340,10 @@ def lr_before(steps: np.ndarray, lr: np.ndarray, onset: int, lrc: LRConfig, hist
     the warm-up reaches (its last row): the LR's rise on to it is the schedule's, not a raise (fresh seed 210507's
     run 060: a batch-1 jump at step 200 of a 261-step warm-up, its peak after it, read as "LR x2.5, still raised"
     against the rows before, a divergence). Inside a warm-up that rises to the log's end, the rows before are
-    all there is."""
+    all there is. Where the LR stepped (by ``raise_factor`` either way from one row to the next: a warm restart,
+    a step schedule's drop, a burst's end) inside those rows, the LR before is the level in force since its last
+    step, not a median of two levels (fresh seed 142542's run 144: a warm restart x20 six rows before a burst x50,
+    the burst read as x956 against the rows before the restart and 'still raised' at the restarted level)."""
     lo, hi = max(history, onset - 1 - LR_BEFORE_ROWS), max(history, onset - 1)
     warm = warmup_end(steps, lr, lrc)
     if warm is not None and onset < len(steps):
@@ -351,6 +354,10 @@ def lr_before(steps: np.ndarray, lr: np.ndarray, onset: int, lrc: LRConfig, hist
             return float(lr[end])
     before = lr[lo:hi]
     before = before[np.isfinite(before) & (before > 0)]
+    ratio = before[1:] / before[:-1]
+    stepped = np.flatnonzero((ratio >= lrc.raise_factor) | (ratio * lrc.raise_factor <= 1.0))
+    if len(stepped):
+        before = before[int(stepped[-1]) + 1:]
     return float(np.median(before)) if len(before) else None
 
 

@@ -364,6 +364,7 @@ class SpikeScanner:
         # band: a trend (warm-up, a schedule change), not an excursion. Decided once, ``patience_obs`` in.
         trend_at = max(ep.onset + cfg.patience_obs - 1, lo) - lo if ep.data["grad_led"] else len(ok)
         fresh = self._fresh_excursion(ep, loss, lo, n)
+        nested = self._nested(ep, loss, lo, n)
         if trend_at < len(ok) and trend_at < min(recovered_by, refuted, fresh):
             zl_all, _ = self.residuals(ep, loss, ep.onset, lo + trend_at + 1)
             if not np.any(np.nan_to_num(zl_all, nan=-np.inf) > cfg.z_band):
@@ -373,20 +374,21 @@ class SpikeScanner:
             # Back at its trend and then far out again: a new incident (a bad batch inside an LR burst's slow
             # tail), not more of this one. This one ends where its last ``recovery_obs`` began.
             ep.data["superseded"] = True
-            self._close(ep, lo + fresh - cfg.recovery_obs, loss)
+            self._close(ep, lo + fresh - cfg.recovery_obs, loss, nested)
             return
         if refuted < len(ok) and refuted < recovered_by:
             ep.data["noise_grew"] = True
-            self._close(ep, lo + refuted, loss)
+            self._close(ep, lo + refuted, loss, nested)
             return
         if len(far):
             ep.data["below"], ep.data["above"] = int(below[-1]), int(above[-1])
         if moved is not None and len(moved):  # what was seen up to where this call stops looking
             ep.data["loss_moved"] = bool(moved[max(min(recovered_by, len(moved) - 1), 0)])
         if start < len(ok):
-            self._close(ep, lo + start, loss)
+            self._close(ep, lo + start, loss, nested)
             return
         ep.end, self.pos = n - 1, n
+        ep.data["nested"] = ep.data.get("nested", []) + nested
 
     def _lr_caused(self, ep: Episode, obs: Observations, at: int) -> bool:
         """An LR raised off the schedule at the episode's onset, read from the rows up to ``at`` alone (so that a
@@ -430,8 +432,40 @@ class SpikeScanner:
         hit = np.flatnonzero(new)
         return int(hit[0]) + w + a - lo if len(hit) else n - lo
 
-    def _close(self, ep: Episode, recovered_at: int, loss: np.ndarray) -> None:
+    def _nested(self, ep: Episode, loss: np.ndarray, lo: int, n: int) -> list[int]:
+        """Observations in lo..n-1 (absolute) where a second incident begins inside this one while it is still
+        out: past the trigger bar against the frozen baseline and, by that bar again in the episode's own spread,
+        past everything the episode did in its last ``2 * recovery_obs`` observations (their highest value and
+        their standard deviation, where it is wider than the frozen scale). A new jump over the excursion's own
+        path, not its climb: growing by a constant ratio, or thrashing, never passes its own recent highest by
+        that many of its own swings. One incident per window: the observations after a jump are that jump's.
+
+        A bad batch or an LR burst while the loss is still coming back from an earlier one is an incident of its
+        own (fresh seeds 930351's run 041, a bad batch 61 sigmas out during an LR burst's slow tail; 448775's
+        run 148, an LR burst x80 inside the rise after a warm restart)."""
+        cfg, w = self.cfg, 2 * self.cfg.recovery_obs
+        a = max(lo - w, ep.trigger + 1)
+        if n - a <= w:
+            return []
+        zl, _ = self.residuals(ep, loss, a, n)
+        thr, level = ep.frozen["thr_loss"], abs(ep.frozen["level"])
+        past = np.lib.stride_tricks.sliding_window_view(zl, w)[:-1]  # the w observations before each of a+w..n-1
+        cur = zl[w:]
+        with np.errstate(invalid="ignore"):  # a window with a missing or infinite value tests nothing
+            top, spread = past.max(axis=1), np.maximum(past.std(axis=1), 1.0)
+            jump = (cur - top) / spread
+            rise = (cur - top) * ep.frozen["scale"] / level
+            new = np.isfinite(cur) & (cur > thr) & (jump > thr) & (rise >= cfg.min_rise)
+        hits, last = [], (ep.data.get("nested") or [-w])[-1]
+        for i in (np.flatnonzero(new) + a + w).tolist():
+            if i - last >= w:
+                hits.append(i)
+                last = i
+        return hits
+
+    def _close(self, ep: Episode, recovered_at: int, loss: np.ndarray, nested: list[int] = ()) -> None:
         ep.close(recovered_at)
+        ep.data["nested"] = ep.data.get("nested", []) + [i for i in nested if i <= ep.end]
         self.closed.append(ep)
         last = recovered_at + self.cfg.recovery_obs - 1
         if ep.data.get("noise_grew"):
@@ -440,11 +474,17 @@ class SpikeScanner:
         ep.data["blip"] = not self._persistent(ep, loss, recovered_at)
         if ep.data["blip"]:
             # A blip that came straight back is the run's own tail, not an incident: the baselines keep it
-            # (their medians do not move) and so does the extreme-value tail, which is made of such blips.
+            # (their medians do not move) and so does the extreme-value tail, which is made of such blips, each
+            # as high as the bar it passed. A tail fitted by moments is as fragile as a mean: one bad batch 50
+            # sigmas out would put the bar past 50 for the rest of the run (fresh seed 755048's run 084: a
+            # second bad batch at 21 sigmas unseen). Each blip at the bar raises it, so blips that recur still
+            # lift it (a heavy-tailed run), while one cannot blind the run; SPOT keeps alarms out of its tail.
             level, scale, glevel, gscale, warm = self._baselines(loss, ep.onset, last + 1)
+            f = ep.frozen
             with np.errstate(invalid="ignore", divide="ignore"):
-                zl = np.where(warm, (loss[ep.onset:last + 1] - level) / scale, np.nan)
-                zg = np.where(warm, (self.log_grad.view[ep.onset:last + 1] - glevel) / gscale, np.nan)
+                zl = np.where(warm, np.minimum((loss[ep.onset:last + 1] - level) / scale, f["thr_loss"]), np.nan)
+                zg = np.where(warm, np.minimum((self.log_grad.view[ep.onset:last + 1] - glevel) / gscale,
+                                               f["thr_grad"]), np.nan)
             self.loss_base.note_scanned(ep.onset, zl)
             self.grad_base.note_scanned(ep.onset, zg)
             self._rearm(last)
@@ -485,7 +525,9 @@ class SpikeScanner:
 
     def findings(self, obs: Observations) -> list[Finding]:
         current = classify(self, self.episode, obs) if self.episode is not None else None
-        out = [f for f in [*(classify(self, ep, obs) for ep in self.closed), current] if f is not None]
+        pairs = [(ep, classify(self, ep, obs)) for ep in self.closed] + [(self.episode, current)]
+        out = [f for _, f in pairs if f is not None]
+        out += [g for ep, f in pairs if f is not None for g in nested_findings(self, ep, f, obs)]
         if current is not None:  # a second cause inside the excursion still open
             inside = lr_raise_inside(obs, current, self.episode.trigger, self.ctx.history, self.ctx.config)
             out += [] if inside is None else [inside]
@@ -494,6 +536,40 @@ class SpikeScanner:
         out += [b for b in own_findings(bursts, obs["step"], self.ctx.history)
                 if not any(f.onset_step <= b.end_step and b.onset_step <= f.end_step for f in out)]
         return sorted(out, key=lambda f: f.onset_step)
+
+
+def nested_findings(sc: SpikeScanner, ep: Episode, outer: Finding, obs: Observations) -> list[Finding]:
+    """The second incidents ``SpikeScanner._nested`` saw inside episode ``ep`` (whose finding is ``outer``), once
+    the loss came back from both: each a spike of its own from its jump, ending with the excursion it arrived in.
+    Inside an excursion not back (yet), everything the loss does is part of the one incident that needs the
+    rollback (as inside an unrecovered divergence, ``analysis.merge_overlaps``): a blown-up loss thrashing
+    from 67 to 189 is no news (fresh seed 247925's run 027, test 26)."""
+    steps, loss, lr, w = obs["step"], obs["loss"], obs["lr"], 2 * sc.cfg.recovery_obs
+    out = []
+    if not outer.self_recovered:
+        return out
+    for i in ep.data.get("nested", []):
+        if steps[i] <= outer.onset_step or steps[i] > outer.end_step:
+            continue
+        before = loss[i - w:i]
+        end = min(i + w, len(loss))
+        peak = i + int(np.nanargmax(np.where(np.isfinite(loss[i:end]), loss[i:end], -np.inf)))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            lr_ratio = float(lr[i] / np.nanmedian(lr[i - w:i])) if np.isfinite(lr[i - w:i]).any() else math.nan
+        evidence = {"rule": "nested", "outer_onset_step": outer.onset_step, "outer_kind": outer.kind,
+                    "loss_before": float(np.nanmax(before)), "peak_loss": float(loss[peak]),
+                    "threshold_sigmas": ep.frozen["thr_loss"], "lr_ratio": lr_ratio,
+                    "detected_step": int(steps[i]), "trigger_step": int(steps[i])}
+        cause = (f" after the LR rose x{fmt_value(lr_ratio)}"
+                 if math.isfinite(lr_ratio) and lr_ratio >= sc.ctx.config.lr.raise_factor else "")
+        out.append(Finding(
+            kind="spike", onset_step=int(steps[i]), end_step=outer.end_step, peak_step=int(steps[peak]),
+            segment=outer.segment, severity="warning", self_recovered=True, needs_action=False,
+            evidence=evidence,
+            message=(f"a second loss spike from step {int(steps[i])}, inside the excursion open since step "
+                     f"{outer.onset_step}: loss {fmt_value(evidence['loss_before'])} -> {fmt_value(loss[peak])}"
+                     f"{cause}; both came back to the trend")))
+    return out
 
 
 def _lr_story(steps: np.ndarray, lr: np.ndarray, onset: int, end: int, history: int, patience: int, lrc: LRConfig,
@@ -549,13 +625,26 @@ def _lr_story(steps: np.ndarray, lr: np.ndarray, onset: int, end: int, history: 
     hold_rows = held_rows(at, lrc)
     stepped_up = rise_at > history and bool(lr[rise_at] >= lrc.raise_factor * lr[rise_at - 1])  # not a ramp
     back = max(level, float(lr[rise_at - 1])) if stepped_up else level
+    earlier = trained_level(steps[history:rise_at], lr[history:rise_at], lrc)  # the highest LR the run trained at before this rise
+    # Back on the schedule: at the LR before (within ``flat``), or stepped onto the highest level the run trained
+    # at before the rise and not rising on (the schedule's warm restart, here where a burst ends straight into it:
+    # fresh seed 930351's run 082, a burst x1.2e3 at 292-295 and the restart to the first cycle's peak at 296,
+    # "still raised" at 19x the decayed LR before; a fault's level lands within 5% of that peak only by chance).
+    rows = lr[onset:end + 1]
+    prev = lr[onset - 1:end] if onset > 0 else np.full(len(rows), np.nan)
+    nxt = np.concatenate([lr[onset + 1:end + 2], np.full(len(rows), np.nan)])[:len(rows)]
+    with np.errstate(invalid="ignore"):
+        stepped_on = (rows >= lrc.raise_factor * prev) | (rows * lrc.raise_factor <= prev)  # a step, not a ramp
+        restart = ((rows <= lrc.restart_slack * earlier) & (rows * lrc.restart_slack >= earlier) & stepped_on
+                   & ~(nxt > lrc.flat * rows))
+        on_path = (rows <= lrc.flat * back) | restart
+    on_path = on_path[finite]
     up = np.flatnonzero(during >= lrc.raise_factor * level)
     since = during[up[0]:] if len(up) else during[:0]  # from the first row at the factor (a ramp's start is not)
     held_up = len(since) >= hold_rows and bool(np.all(since[-hold_rows:] >= lrc.raise_factor * level))
     still = bool(raised and len(during) and (
-        (float(np.median(during)) >= lrc.raise_factor * level and not np.any(during <= lrc.flat * back))
-        or (held_up and not np.any(since <= lrc.flat * back))))
-    earlier = trained_level(steps[history:rise_at], lr[history:rise_at], lrc)  # the highest LR the run trained at before this rise
+        (float(np.median(during)) >= lrc.raise_factor * level and not np.any(on_path))
+        or (held_up and not np.any(on_path[up[0]:] if len(up) else on_path[:0]))))
     held = lr[onset:onset + patience]
     # The schedule: the LR decayed, then went back to a level the run already trained at and stayed there (a warm
     # restart; a step up from a level held flat is a change, ``warm_restart``).
