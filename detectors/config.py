@@ -288,6 +288,13 @@ class ScalerConfig:
     """Log-likelihood below the maximum at which a collapse's change point may still lie: half the chi-square(1)
     quantile 3.84, the 95% profile-likelihood confidence set of a change point (Hinkley 1970). The rollback
     precedes the whole set (``evidence.earliest_onset_step``)."""
+    burst_over_risk: float = 1e-3
+    """A burst of skips is over, whatever the CUSUM's sum, once the clean steps since its last skip would come with
+    less than this probability at the burst's own skip rate (its skips over the steps it spans): (1 - rate)^m <
+    risk, 8 clean steps after a burst that skipped every other step. A later burst is then a collapse of its own,
+    judged afresh (the CUSUM restarts at 0; it must show its own evidence). The sum alone would wait ~300 clean
+    steps to forget 15 nats, and a second burst 100 steps after the first was read as more of it (fresh seed
+    537702's run 007: 4 skips in 7 steps to 4096, 97 clean steps, then a burst to under 1)."""
     calibration_steps: int = 50
     """Start-up calibration: skips before the scale ever grew, in the first 50 training steps (by step number,
     not row index), are the scaler halving down from its initial scale to a workable one (one overflow per
@@ -298,6 +305,7 @@ class ScalerConfig:
         _check(0 < self.skip_rate < 1 and self.skip_h > 0, "need 0 < skip_rate < 1 and skip_h > 0")
         _check(self.growth_interval >= 1 and self.calibration_steps >= 0, "bad growth_interval or calibration_steps")
         _check(self.level_window > 0 and self.change_point_slack >= 0, "need level_window > 0, change_point_slack >= 0")
+        _check(0 < self.burst_over_risk < 1, "burst_over_risk must be in (0, 1)")
 
 
 @dataclass(kw_only=True, frozen=True)

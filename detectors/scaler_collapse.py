@@ -64,6 +64,7 @@ class ScalerScanner:
         self.intervals = Grow()  # the growth interval in force at every row
         self.chain: dict | None = None  # the halving chain in progress
         self.chain_closed: list[dict] = []
+        self.chain_ends: list[tuple[int, int]] = []  # (row a collapse chain was closed at, its last skip's row)
         self.chain_prev, self.chain_grew = math.nan, False
         self.chain_prev_step: int | None = None
         self.drop_step, self.drop_scale = Grow(np.int64), Grow()  # every decrease of the logged scale: step, scale before
@@ -88,8 +89,8 @@ class ScalerScanner:
         inc = np.where(calibrating, np.minimum(inc, 0.0), inc)  # the opening calibration skips by design
         s, zero = cusum(inc, self.s, -1, lo)
         cp = self._change_points(s, zero, skips, lo)
-        self._episodes(lo, n, s, cp, skips, steps, scale)
-        self.s, self.prev_step, self.pos = float(s[-1]), int(steps[n - 1]), n
+        self.s = self._episodes(lo, n, s, cp, inc, steps, scale)
+        self.prev_step, self.pos = int(steps[n - 1]), n
 
     def _chains(self, lo: int, n: int, steps: np.ndarray, scale: np.ndarray) -> None:
         """Halving chains: decreases of the logged scale with no growth in between (walks changed rows only)."""
@@ -111,6 +112,7 @@ class ScalerScanner:
                     if now >= ch["before"] / 2.0 ** self.cfg.recovered_within:
                         ch["end"] = ch["last_skip"]
                         self.chain_closed.append(ch)
+                        self.chain_ends.append((i, ch["end"]))
                         self.chain = None
                 elif ch is not None:
                     self.chain = None
@@ -119,11 +121,14 @@ class ScalerScanner:
                                                              else int(steps[i]))
             if ch is not None and ch["calibration"] and since >= self.cfg.calibration_steps:
                 ch = self.chain = None  # the opening calibration is over: a later halving starts a chain of its own
-            idle = ch is not None and int(steps[i]) - int(steps[ch["last_skip"]]) > self.cfg.patience_steps
+            idle = ch is not None and (int(steps[i]) - int(steps[ch["last_skip"]]) > self.cfg.patience_steps or burst_over(
+                ch["num_skipped"], int(steps[ch["first"]]), int(steps[ch["last_skip"]]), since, self.cfg.burst_over_risk))
             if idle and "alarm" in ch:
-                # A collapse that never regrew, over (no halving for ``patience_steps``): this halving begins another.
+                # A collapse that never regrew, over (no halving for ``patience_steps``, or clean for longer than its
+                # own skip rate allows): this halving begins another.
                 ch["end"], ch["regrown"] = ch["last_skip"], False
                 self.chain_closed.append(ch)
+                self.chain_ends.append((i, ch["end"]))
                 ch = self.chain = None
             if ch is None:
                 ch = self.chain = {"first": i, "first_lo": i, "last_skip": i, "min": now, "min_i": i,
@@ -211,17 +216,22 @@ class ScalerScanner:
             self.cp = int(cp[-1])
         return cp
 
-    def _episodes(self, lo: int, n: int, s: np.ndarray, cp: np.ndarray, skips: np.ndarray, steps: np.ndarray,
-                  scale: np.ndarray) -> None:
-        p, within = lo, 2.0 ** self.cfg.recovered_within
+    def _episodes(self, lo: int, n: int, s: np.ndarray, cp: np.ndarray, inc: np.ndarray, steps: np.ndarray,
+                  scale: np.ndarray) -> float:
+        """Open, follow and close skip-burst episodes over rows lo..n-1; the CUSUM's sum after the last row (a
+        skip after a burst over by its own rate restarts it at 0 there)."""
+        p, within, base = lo, 2.0 ** self.cfg.recovered_within, lo  # s and cp hold rows base..n-1
         while p < n:
             ep = self.episode
             if ep is None:
-                hits = np.flatnonzero(s[p - lo:] > self.cfg.skip_h)
+                hits = np.flatnonzero(s[p - base:] > self.cfg.skip_h)
                 if not len(hits):
-                    return
+                    return float(s[-1])
                 p += int(hits[0])
-                first, first_lo = self._onset(int(cp[p - lo]), p, steps)
+                # A change point never reaches back past a collapse already over by this row: the sum still
+                # carried that one's skips, but a later burst is an incident of its own.
+                floor = max((end + 1 for at, end in self.chain_ends if at <= p), default=0)
+                first, first_lo = self._onset(max(int(cp[p - base]), floor), p, steps)
                 prior = scale[:first]
                 prior = prior[np.isfinite(prior)]
                 ep = self.episode = {"first": first, "first_lo": first_lo, "last_skip": first, "min": math.inf,
@@ -232,18 +242,41 @@ class ScalerScanner:
             low = np.isfinite(x) & np.isfinite(ep["before"]) & (x < ep["before"] / within)
             # Or the skipping has been over for ``patience_steps`` with the scale still low: the collapse ended
             # without the scaler regrowing (it did not recover), and a later burst is an incident of its own.
-            hit = np.where(self.all_skips.view[p:n] > 0, np.arange(p, n), -1)
+            own = self.all_skips.view[p:n]
+            hit = np.where(own > 0, np.arange(p, n), -1)
             last = np.maximum(np.maximum.accumulate(hit), ep["last_skip"])
             idle = steps[p:n] - steps[last] > self.cfg.patience_steps
-            done = np.flatnonzero((s[p - lo:] <= 0.0) & (~low | idle))
-            stop = p + int(done[0]) if len(done) else n
+            done = (s[p - base:] <= 0.0) & (~low | idle)
+            # Or a skip comes after the burst was over by its own rate (clean since its last skip for longer than
+            # that rate allows): this one ended at its last skip, and the skip begins another, judged afresh.
+            before_last = np.concatenate([[ep["last_skip"]], last[:-1]])
+            seen_clean_to = steps[np.maximum(np.arange(p, n) - 1, 0)]  # a coarse row's skips fell since the row before
+            renewed = (own > 0) & burst_over(ep["num_skipped"] + np.cumsum(own) - own, int(steps[ep["first"]]),
+                                             steps[before_last], seen_clean_to, self.cfg.burst_over_risk)
+            ends = np.flatnonzero(done | renewed)
+            if not len(ends):
+                self._absorb(ep, p, n, scale)
+                return float(s[-1])
+            k = int(ends[0])
+            if renewed[k] and not done[k]:
+                self._absorb(ep, p, p + k, scale)
+                ep["end"], ep["regrown"] = ep["last_skip"], not bool(low[max(k - 1, 0)])
+                self.closed.append(ep)
+                self.episode = None
+                # The chart restarts at that skip: the sum still held the ended burst's nats.
+                r = p + k
+                s, zero = cusum(inc[r - lo:], 0.0, r - 1, r)
+                self.cp = None
+                cp = self._change_points(s, zero, self.all_skips.view[r:n], r)
+                p = base = r
+                continue
+            stop = p + k
             self._absorb(ep, p, stop, scale)
-            if not len(done):
-                return
-            ep["end"], ep["regrown"] = ep["last_skip"], not bool(low[done[0]])
+            ep["end"], ep["regrown"] = ep["last_skip"], not bool(low[k])
             self.closed.append(ep)
             self.episode = None
             p = stop + 1
+        return float(s[-1])
 
     def _onset(self, zero_next: int, alarm: int, steps: np.ndarray) -> tuple[int, int]:
         """The maximum-likelihood change point between the CUSUM's last zero and the alarm, and the earliest
@@ -361,6 +394,19 @@ class ScalerScanner:
                        end_step=int(steps[min(end, n - 1)]), peak_step=int(steps[min(ep["min_i"], n - 1)]),
                        segment=self.ctx.segment, severity="critical" if needs else "warning",
                        self_recovered=recovered, needs_action=needs, evidence=evidence, message=message)
+
+
+def burst_over(skipped: np.ndarray | float, first_step: int, last_skip_step: np.ndarray | int,
+               now_step: np.ndarray | int, risk: float) -> np.ndarray | bool:
+    """Whether a burst of ``skipped`` skips between steps ``first_step`` and ``last_skip_step`` is over at
+    ``now_step``: the clean steps since its last skip would come with probability under ``risk`` at its own skip
+    rate (skips over the steps it spans), (1 - rate)^m < risk."""
+    span = np.maximum(np.asarray(last_skip_step) - first_step + 1, np.maximum(skipped, 1.0))
+    rate = np.clip(np.asarray(skipped, dtype=np.float64) / span, 0.0, 1.0)
+    clean = np.asarray(now_step) - np.asarray(last_skip_step)
+    with np.errstate(divide="ignore", invalid="ignore"):  # rate 1: any clean step ends it (0 * -inf is no step)
+        over = (clean >= 1) & (clean * np.log1p(-rate) < math.log(risk))
+    return over if over.ndim else bool(over)
 
 
 def detect_scaler_collapse(steps: np.ndarray, scale: np.ndarray, segment: int = 0,

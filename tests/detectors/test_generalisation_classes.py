@@ -2028,3 +2028,38 @@ def test_69_guard_a_ramp_through_the_earlier_peak_stays_raised() -> None:
     report = analyze(rows_table(steps, loss=loss, grad_norm=grad, lr=lr))
     [div] = [f for f in report.findings if f.kind in ("spike", "divergence") and f.severity != "info"]
     assert (div.kind, div.evidence["lr_still_raised"]) == ("divergence", True), div
+
+
+# 70. A skip burst is over once its own rate is refuted: a later burst is a collapse of its own.
+
+def test_70_a_second_skip_burst_after_the_first_is_over_is_a_collapse_of_its_own() -> None:
+    """Real CPU training (fresh seed 537702's run 007): fp16, GradScaler (growth interval 713). An overflow every
+    other step from 120 takes the scale 65536 -> 4096 in 4 skips; then 97 clean steps; from 224 every step
+    overflows and the scale falls under 1. The labeller: two collapses. runwatch read one: the halving chain was
+    kept open for ``patience_steps`` (200) after its last skip, and the skip-rate CUSUM, still holding 10 of the
+    first burst's nats, dated the second burst's change point back to 120. 97 clean steps after a burst that
+    skipped every other step would come with probability 0.5^97: that burst was over. Now it ends once
+    (1 - its own rate)^m < 1e-3 (``burst_over_risk``), and no change point reaches back past a collapse already
+    over. Fails on HEAD~1 (one collapse from 120)."""
+    steps, cols = _fresh_run("f537702-007")
+    report = analyze(rows_table(steps, **cols))
+    collapses = [f for f in report.findings if f.kind == "scaler_collapse"]
+    assert [(f.onset_step, f.self_recovered) for f in collapses] == [(120, False), (224, False)], collapses
+    assert collapses[1].evidence["below_floor"] and not collapses[0].evidence["below_floor"]
+    live = StreamingAnalyzer(None)
+    for row in rows_table(steps, **cols).drop_columns(["main"]).to_pylist():
+        live.update(row)
+    assert live.report().findings == report.findings
+
+
+@pytest.mark.parametrize("skipped, first, last, now, over", [
+    (4, 120, 127, 136, False),  # every other step (4 skips over 8 steps): 9 clean steps could still be its rate
+    (4, 120, 127, 137, True),   # (0.5^9 = 2e-3); 10 cannot (9.8e-4)
+    (10, 0, 199, 299, False),   # a sustained 1 in 20: 100 clean steps are 6e-3 likely at that rate
+    (10, 0, 199, 335, True),    # ... 136 are under 1e-3
+    (5, 10, 14, 15, True),      # every step skipped: one clean step ends it
+    (5, 10, 14, 14, False),     # ... and none has come yet
+])
+def test_70_guard_a_burst_is_over_only_past_its_own_rate(skipped, first, last, now, over) -> None:
+    from runwatch.detectors.scaler_collapse import burst_over
+    assert burst_over(float(skipped), first, last, now, DEFAULT.scaler.burst_over_risk) is over
