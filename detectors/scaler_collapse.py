@@ -121,8 +121,10 @@ class ScalerScanner:
                                                              else int(steps[i]))
             if ch is not None and ch["calibration"] and since >= self.cfg.calibration_steps:
                 ch = self.chain = None  # the opening calibration is over: a later halving starts a chain of its own
-            idle = ch is not None and (int(steps[i]) - int(steps[ch["last_skip"]]) > self.cfg.patience_steps or burst_over(
-                ch["num_skipped"], int(steps[ch["first"]]), int(steps[ch["last_skip"]]), since, self.cfg.burst_over_risk))
+            idle = ch is not None and (
+                int(steps[i]) - int(steps[ch["last_skip"]]) > self.cfg.patience_steps
+                or burst_over(ch["num_skipped"], int(steps[ch["first"]]), int(steps[ch["last_skip"]]), since,
+                              self.cfg.burst_over_risk))
             if idle and "alarm" in ch:
                 # A collapse that never regrew, over (no halving for ``patience_steps``, or clean for longer than its
                 # own skip rate allows): this halving begins another.

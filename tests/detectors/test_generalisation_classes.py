@@ -2036,8 +2036,8 @@ def test_70_a_second_skip_burst_after_the_first_is_over_is_a_collapse_of_its_own
     """Real CPU training (fresh seed 537702's run 007): fp16, GradScaler (growth interval 713). An overflow every
     other step from 120 takes the scale 65536 -> 4096 in 4 skips; then 97 clean steps; from 224 every step
     overflows and the scale falls under 1. The labeller: two collapses. runwatch read one: the halving chain was
-    kept open for ``patience_steps`` (200) after its last skip, and the skip-rate CUSUM, still holding 10 of the
-    first burst's nats, dated the second burst's change point back to 120. 97 clean steps after a burst that
+    kept open for ``patience_steps`` (200) after its last skip, and the skip-rate CUSUM, still holding about 9 of
+    the first burst's 14 nats, dated the second burst's change point back to 120. 97 clean steps after a burst that
     skipped every other step would come with probability 0.5^97: that burst was over. Now it ends once
     (1 - its own rate)^m < 1e-3 (``burst_over_risk``), and no change point reaches back past a collapse already
     over. Fails on HEAD~1 (one collapse from 120)."""
