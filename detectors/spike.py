@@ -273,7 +273,8 @@ class SpikeScanner:
         last = self.closed[-1] if self.closed else None
         if last is not None and not last.data.get("blip") and not last.data.get("superseded") \
                 and onset - (last.recovered_at + self.cfg.recovery_obs) < self.cfg.patience_obs \
-                and self._fresh_excursion(last, loss, trigger, trigger + 1) > 0:
+                and self._fresh_excursion(last, loss, trigger, trigger + 1,
+                                          self._recent(last, loss, trigger, trigger + 1)) > 0:
             # Out again within the patience of its recovery: the excursion was not over (the tail of a slow
             # recovery), so the episode goes on rather than a second one starting. A blip that came straight
             # back was over: what comes out after ``recovery_obs`` in-band observations is an incident of its own
@@ -363,8 +364,9 @@ class SpikeScanner:
         # Led by the gradient norm, which moved to a new level and stays there while the loss never left its
         # band: a trend (warm-up, a schedule change), not an excursion. Decided once, ``patience_obs`` in.
         trend_at = max(ep.onset + cfg.patience_obs - 1, lo) - lo if ep.data["grad_led"] else len(ok)
-        fresh = self._fresh_excursion(ep, loss, lo, n)
-        nested = self._nested(ep, loss, lo, n)
+        recent = self._recent(ep, loss, lo, n)
+        fresh = self._fresh_excursion(ep, loss, lo, n, recent)
+        nested = self._nested(ep, recent)
         if trend_at < len(ok) and trend_at < min(recovered_by, refuted, fresh):
             zl_all, _ = self.residuals(ep, loss, ep.onset, lo + trend_at + 1)
             if not np.any(np.nan_to_num(zl_all, nan=-np.inf) > cfg.z_band):
@@ -397,7 +399,19 @@ class SpikeScanner:
         story = _lr_story(steps, lr, ep.onset, at, self.ctx.history, self.cfg.patience_obs, self.ctx.config.lr)
         return bool(story["lr_raised"]) and not story["lr_scheduled"]
 
-    def _fresh_excursion(self, ep: Episode, loss: np.ndarray, lo: int, n: int) -> int:
+    def _recent(self, ep: Episode, loss: np.ndarray, lo: int, n: int) -> tuple[int, np.ndarray, np.ndarray] | None:
+        """The residuals (loss, gradient norm) from row ``a`` to n-1, where ``a`` is ``2 * recovery_obs`` rows before
+        lo but after the episode's trigger: what the tests of a second incident read each new observation against
+        (the episode's own last observations). None when no observation in lo..n-1 has that many before it."""
+        w = 2 * self.cfg.recovery_obs
+        a = max(lo - w, ep.trigger + 1)
+        if n - a <= w:
+            return None
+        zl, zg = self.residuals(ep, loss, a, n)
+        return a, zl, zg
+
+    def _fresh_excursion(self, ep: Episode, loss: np.ndarray, lo: int, n: int,
+                         recent: tuple[int, np.ndarray, np.ndarray] | None) -> int:
         """Index (from ``lo``) of the first observation that opens a new incident inside this episode; ``n - lo``
         when none does.
 
@@ -409,10 +423,9 @@ class SpikeScanner:
         excursion on, the next incident (a bad batch in an LR burst's slow tail), not more of this one."""
         m, cfg = self.cfg.recovery_obs, self.cfg
         w = 2 * m
-        a = max(lo - w, ep.trigger + 1)
-        if n - a <= w:
+        if recent is None:
             return n - lo
-        zl, zg = self.residuals(ep, loss, a, n)
+        a, zl, zg = recent
         with np.errstate(invalid="ignore", divide="ignore"):
             rise = (loss[a:n] - self.projection(ep, a, n)) / abs(ep.frozen["level"])
         thr = ep.frozen["thr_loss"]
@@ -432,11 +445,11 @@ class SpikeScanner:
         hit = np.flatnonzero(new)
         return int(hit[0]) + w + a - lo if len(hit) else n - lo
 
-    def _nested(self, ep: Episode, loss: np.ndarray, lo: int, n: int) -> list[int]:
-        """Observations in lo..n-1 (absolute) where a second incident begins inside this one while it is still
-        out: past the trigger bar against the frozen baseline and, by that bar again in the episode's own spread,
-        past everything the episode did in its last ``2 * recovery_obs`` observations (their highest value and
-        their standard deviation, where it is wider than the frozen scale). A new jump over the excursion's own
+    def _nested(self, ep: Episode, recent: tuple[int, np.ndarray, np.ndarray] | None) -> list[int]:
+        """Observations in lo..n-1 (absolute; ``recent`` from ``_recent``) where a second incident begins inside this
+        one while it is still out: past the trigger bar against the frozen baseline and, by that bar again in the
+        episode's own spread, past everything the episode did in its last ``2 * recovery_obs`` observations (their
+        highest value and their standard deviation, where it is wider than the frozen scale). A new jump over the excursion's own
         path, not its climb: growing by a constant ratio, or thrashing, never passes its own recent highest by
         that many of its own swings. One incident per window: the observations after a jump are that jump's.
 
@@ -444,10 +457,9 @@ class SpikeScanner:
         own (fresh seeds 930351's run 041, a bad batch 61 sigmas out during an LR burst's slow tail; 448775's
         run 148, an LR burst x80 inside the rise after a warm restart)."""
         cfg, w = self.cfg, 2 * self.cfg.recovery_obs
-        a = max(lo - w, ep.trigger + 1)
-        if n - a <= w:
+        if recent is None:
             return []
-        zl, _ = self.residuals(ep, loss, a, n)
+        a, zl, _ = recent
         thr, level = ep.frozen["thr_loss"], abs(ep.frozen["level"])
         past = np.lib.stride_tricks.sliding_window_view(zl, w)[:-1]  # the w observations before each of a+w..n-1
         cur = zl[w:]
@@ -463,9 +475,9 @@ class SpikeScanner:
                 last = i
         return hits
 
-    def _close(self, ep: Episode, recovered_at: int, loss: np.ndarray, nested: list[int] = ()) -> None:
+    def _close(self, ep: Episode, recovered_at: int, loss: np.ndarray, nested: list[int] | None = None) -> None:
         ep.close(recovered_at)
-        ep.data["nested"] = ep.data.get("nested", []) + [i for i in nested if i <= ep.end]
+        ep.data["nested"] = ep.data.get("nested", []) + [i for i in nested or [] if i <= ep.end]
         self.closed.append(ep)
         last = recovered_at + self.cfg.recovery_obs - 1
         if ep.data.get("noise_grew"):
