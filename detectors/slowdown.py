@@ -113,7 +113,10 @@ class SlowdownScanner:
         and ``scale_ucb``, the sigma raised by how uncertain it still is. A sigma is known to about
         1/sqrt(2 n_eff), with n_eff = n (1 - rho) / (1 + rho) the blocks seen discounted for their
         autocorrelation; a MAD doubles that, so 1 + 2 / sqrt(n_eff): a calm stretch early in a noisy host's
-        run does not make its normal wander look like a slowdown."""
+        run does not make its normal wander look like a slowdown. Under 3 normal blocks there is no lag-1 pair
+        to measure the wander by: the variability is unknown and nothing is judged beyond it (fresh seed
+        418024's run 113 opened a spell at step 9, over 8 observations of 2% jitter, and kept it open for the
+        host's next 370 steps of ordinary wander)."""
         nb = min(i // self.cfg.block, self.base.med.size)
         lo = max(0, nb - self.cfg.wander_blocks)
         med = self.base.med.view[lo:nb]
@@ -124,7 +127,7 @@ class SlowdownScanner:
             gone[:len(view)] = view
             keep &= ~gone
         if keep.sum() < 3:
-            return {"scale_ucb": 3.0 * scale, "tau_obs": math.inf, "tau_join": 0.0}
+            return {"scale_ucb": math.inf, "tau_obs": math.inf, "tau_join": 0.0}
         pair = keep[:-1] & keep[1:]  # lag-1 pairs of adjacent normal blocks
         x, y = med[:-1][pair], med[1:][pair]
         a, b = x - x.mean(), y - y.mean()
@@ -157,32 +160,43 @@ class SlowdownScanner:
             ep.close(lo + start)
             self.closed.append(ep)
             last = lo + start + RECOVERY_OBS - 1
-            self.base.exclude(ep.onset, last)
+            if self._rise(ep, ep.end) is not None:
+                # Only a slowdown leaves the baseline: a spell within the run's own variability is the host's
+                # normal wander, which the baseline must learn (fresh seed 645321's run 002: a 20% wander at
+                # step 12, over a baseline of 8 observations, kept every later block out of it, and the
+                # host's next 50% wander paged against the first 8 steps' 2%).
+                self.base.exclude(ep.onset, last)
             self.episode, self.pos, self.s, self.zero = None, last + 1, 0.0, last
             return
         ep.end, self.pos = n - 1, n
+
+    def _rise(self, ep: Episode, end: int) -> float | None:
+        """How much slower the spell from ``ep``'s onset to ``end`` ran than its baseline, or None where that is
+        within the run's own variability. Judged as the CUSUM saw it, from where it began summing (the bars are
+        calibrated so): the spell's median against the variability of a median over as many observations (the
+        wander averages down once the spell outlasts its correlation time, never below one tau)."""
+        span = np.exp(self.log_t.view[ep.onset:end + 1])
+        rise = float(np.nanmedian(span)) / math.exp(ep.frozen["level"]) - 1
+        n_obs = int(np.isfinite(span).sum())
+        spread = ep.frozen["scale_ucb"] * math.sqrt(min(1.0, ep.frozen["tau_obs"] / max(n_obs, 1)))
+        if rise < self.cfg.min_rise or math.log1p(rise) < self.cfg.min_sigmas * spread:
+            return None
+        return rise
 
     def findings(self, obs: Observations) -> list[Finding]:
         steps, step_time, cfg = obs["step"], obs["step_time"], self.cfg
         items = [(ep, True) for ep in self.closed] + ([(self.episode, None)] if self.episode else [])
         out = []
         for ep, end, recovered in _spells(items):
-            # Whether the spell is a slowdown is judged as the CUSUM saw it, from where it began summing (the
-            # bars below are calibrated so); where the step time changed is the change point inside that.
-            span = step_time[ep.onset:end + 1]
-            base = math.exp(ep.frozen["level"])
-            rise = float(np.nanmedian(span)) / base - 1
-            # The episode's median against the variability of a median over as many observations: the
-            # wander averages down once the episode outlasts its correlation time (never below one tau).
-            n_obs = int(np.isfinite(span).sum())
-            spread = ep.frozen["scale_ucb"] * math.sqrt(min(1.0, ep.frozen["tau_obs"] / max(n_obs, 1)))
-            if rise < cfg.min_rise or math.log1p(rise) < cfg.min_sigmas * spread:
+            rise = self._rise(ep, end)
+            if rise is None:
                 continue  # within the run's own variability (a noisy host wanders this much by itself)
             if rise < cfg.warn_rise and steps[end] - steps[ep.onset] + 1 < cfg.min_small_steps:
                 continue  # a few percent for a few steps is machine jitter, not a slowdown
             if steps[end] - steps[ep.onset] + 1 < cfg.min_steps:
                 continue  # a hiccup of a few steps (a GC pause, a noisy neighbour), not sustained
             onset = step_change(self.log_t.view, ep.onset, ep.trigger, end)
+            base = math.exp(ep.frozen["level"])
             span = step_time[onset:end + 1]
             level = float(np.nanmedian(span))
             rise = level / base - 1
