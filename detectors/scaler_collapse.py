@@ -6,7 +6,7 @@ skips about one step per growth interval: the sawtooth. A collapse is a skip
 rate far above that, judged with a Bernoulli CUSUM of the skip indicator
 (../shared/DETECTION.md, section 6): the healthy rate p0 = 1 / growth_interval
 (from ``run.json``, else the config's default) against a collapse rate p1 =
-``skip_rate``; each skipped step adds log(p1 / p0), each clean step
+``skip_rate``, or twice p0 where the run states its interval (``rates``); each skipped step adds log(p1 / p0), each clean step
 log((1 - p1) / (1 - p0)); an alarm at ``skip_h``. The skip indicator is the
 logged ``found_inf`` (overflow logs such as DeepSpeed's print every skip, so the
 steps between two flagged rows ran clean), else a decrease of the logged scale
@@ -81,7 +81,7 @@ class ScalerScanner:
         self._chains(lo, n, steps, scale)
         prev = np.concatenate([[self.prev_step if self.prev_step is not None else int(steps[lo]) - 1], steps[lo:n - 1]])
         span = np.maximum(steps[lo:n] - prev, 1)
-        p0, p1 = np.minimum(1.0 / interval, self.cfg.skip_rate / 2), self.cfg.skip_rate
+        p0, p1 = rates(interval, self.cfg.skip_rate, not self.learn_interval)
         inc = skips * np.log(p1 / p0) + (span - skips) * np.log((1 - p1) / (1 - p0))
         # A skip seen on a row happened somewhere since the row before: calibration when that interval began
         # in the opening steps (a log written every 100 steps shows the opening halvings at step 100).
@@ -307,7 +307,7 @@ class ScalerScanner:
         # step (flagged, no halving before it): then the change is at that very step.
         prev = np.where((cand > 0) & ~self.own_skip.view[cand], steps[np.maximum(cand - 1, 0)], steps[cand] - 1)
         m = np.maximum(steps[alarm] - prev, k)
-        p0 = min(1.0 / float(self.intervals.view[alarm]), self.cfg.skip_rate / 2)
+        p0 = float(rates(float(self.intervals.view[alarm]), self.cfg.skip_rate, not self.learn_interval)[0])
         p = np.clip(k / m, p0, 1 - 1e-12)
         llr = k * np.log(p / p0) + (m - k) * np.log((1 - p) / (1 - p0))
         plausible = cand[llr >= llr.max() - self.cfg.change_point_slack]
@@ -396,6 +396,23 @@ class ScalerScanner:
                        end_step=int(steps[min(end, n - 1)]), peak_step=int(steps[min(ep["min_i"], n - 1)]),
                        segment=self.ctx.segment, severity="critical" if needs else "warning",
                        self_recovered=recovered, needs_action=needs, evidence=evidence, message=message)
+
+
+def rates(interval: np.ndarray | float, skip_rate: float, known: bool) -> tuple[np.ndarray, np.ndarray]:
+    """The Bernoulli CUSUM's two skip rates for a scaler with growth interval ``interval``: healthy p0 and
+    collapse p1. A scaler at its ceiling overflows once per growth interval and holds its scale there (a doubling
+    per ``interval`` clean steps, a halving per skip): p0 = 1 / (interval + 1). Skipping twice as often loses a
+    halving per interval, the scale falling as fast as it would grow: p1 = 2 p0, or ``skip_rate`` where that is
+    more. A short interval has a fast sawtooth (fresh seed 608490's run 008, growth interval 20 in its
+    ``run.json``: a skip every 21 steps, which a p0 capped at ``skip_rate`` / 2 read as a collapse 93 skips long).
+    That holds for an interval the run's metadata states (``known``); one learned from the sawtooth is the
+    shortest regrowth seen so far, a lower bound on the real one, so its p0 stays capped at ``skip_rate`` / 2
+    against ``skip_rate``. An interval under 2 is judged as 2 (p1 under 1)."""
+    iv = np.maximum(np.asarray(interval, dtype=np.float64), 2.0)
+    if not known:
+        return np.minimum(1.0 / iv, skip_rate / 2), np.full(iv.shape, skip_rate)
+    p0 = 1.0 / (iv + 1.0)
+    return p0, np.maximum(skip_rate, 2.0 * p0)
 
 
 def burst_over(skipped: np.ndarray | float, first_step: int, last_skip_step: np.ndarray | int,

@@ -2097,3 +2097,36 @@ def test_71_a_wander_judged_normal_stays_in_the_slowdown_baseline() -> None:
     for row in rows_table(steps, **slowed).drop_columns(["main"]).to_pylist():
         live.update(row)
     assert live.report().findings == report.findings
+
+
+# 72. A scaler at its ceiling with a short growth interval skips once an interval: its healthy rate.
+
+def test_72_a_fast_sawtooth_at_the_ceiling_is_the_scalers_healthy_rate() -> None:
+    """Real CPU training, the clean twin of fresh seed 608490's run 008 (``tests/fixtures/fresh``, no fault), its
+    segment resumed from checkpoint 400 (steps 511-2497): fp16, GradScaler growth interval 20 (``run.json``),
+    fp16's range above 65536, so the scale doubles to 131072, overflows and halves back once every 21 steps,
+    for the whole run. The Bernoulli CUSUM's healthy rate p0 was capped at ``skip_rate`` / 2 (one skip in 40),
+    under this sawtooth's one in 21, so the sum crept up a sixth of a nat a cycle and called the segment a
+    collapse from step 529, 93 skips long and 'not recovered yet' (critical). A scaler at its ceiling holds its
+    scale with one skip per growth interval: p0 = 1 / interval, and a collapse skips at least twice as often
+    (the scale then falls a halving per interval, as fast as it would grow), where the run states its interval.
+    Fails on HEAD~1 (a critical collapse from 529)."""
+    steps, cols = _fresh_run("f608490-008-twin")
+    meta = {"scaler": {"init_scale": 65536.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 20}}
+    assert not [f for f in analyze(rows_table(steps, **cols), meta=meta).findings if f.kind == "scaler_collapse"]
+    # Guard: the same scaler skipping every 4th step from 700 on (over 5x its healthy rate), with the halving each
+    # skip brings, collapses from 700 (or from the sawtooth's last skip before it, at 693).
+    scale, flag = cols["loss_scale"].copy(), cols["found_inf"].copy()
+    after = steps >= 700
+    flag[after] = (steps[after] - 700) % 4 == 0
+    scale[after] = scale[steps == 699][0] / 2.0 ** np.cumsum(flag[after])
+    report = analyze(rows_table(steps, **{**cols, "loss_scale": scale, "found_inf": flag}), meta=meta)
+    [collapse] = [f for f in report.findings if f.kind == "scaler_collapse"]
+    assert 690 <= collapse.onset_step <= 700 and collapse.needs_action, collapse  # or the sawtooth skip before it
+    from runwatch.detectors.scaler_collapse import rates
+
+    p0, p1 = rates(np.array([20.0, 999.0]), DEFAULT.scaler.skip_rate, known=True)
+    assert np.allclose(p0, [1 / 21, 1e-3]) and np.allclose(p1, [2 / 21, DEFAULT.scaler.skip_rate])
+    # A learned interval (the shortest regrowth seen) only bounds the real one: its p0 stays capped.
+    p0, p1 = rates(np.array([20.0, 999.0]), DEFAULT.scaler.skip_rate, known=False)
+    assert np.allclose(p0, [DEFAULT.scaler.skip_rate / 2, 1 / 999]) and np.allclose(p1, DEFAULT.scaler.skip_rate)
