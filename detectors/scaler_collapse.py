@@ -4,9 +4,10 @@ Dynamic loss scaling halves the scale on an overflow (the step is skipped)
 and doubles it after ``growth_interval`` clean steps, so a healthy fp16 run
 skips about one step per growth interval: the sawtooth. A collapse is a skip
 rate far above that, judged with a Bernoulli CUSUM of the skip indicator
-(../shared/DETECTION.md, section 6): the healthy rate p0 = 1 / growth_interval
-(from ``run.json``, else the config's default) against a collapse rate p1 =
-``skip_rate``, or twice p0 where the run states its interval (``rates``); each skipped step adds log(p1 / p0), each clean step
+(../shared/DETECTION.md, section 6): the healthy rate p0 of about one skip per
+growth interval (from ``run.json``, else learned from the sawtooth or the
+config's default) against a collapse rate p1 of at least twice that
+(``rates``); each skipped step adds log(p1 / p0), each clean step
 log((1 - p1) / (1 - p0)); an alarm at ``skip_h``. The skip indicator is the
 logged ``found_inf`` (overflow logs such as DeepSpeed's print every skip, so the
 steps between two flagged rows ran clean), else a decrease of the logged scale
