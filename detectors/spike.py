@@ -441,7 +441,7 @@ class SpikeScanner:
         centre = np.median(past, axis=1)
         with np.errstate(invalid="ignore"):  # the standard deviation, swings and all (an infinite one: no test)
             spread = np.maximum(np.std(past, axis=1), 1.0)
-        new = far[w:] & (recent <= cfg.z_band) & grad_back & ((z[w:] - centre) / spread > thr)
+            new = far[w:] & (recent <= cfg.z_band) & grad_back & ((z[w:] - centre) / spread > thr)
         hit = np.flatnonzero(new)
         return int(hit[0]) + w + a - lo if len(hit) else n - lo
 
