@@ -51,9 +51,9 @@ def twin_alarms(seed: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         for run in fresh.fresh_runs(seed):
-            spec = run.spec
-            path = CACHE / f"seed{seed}" / f"{spec.run}-{fresh._cache_key(spec)}.json.gz"
-            if not path.exists():
+            spec, nat = run.spec, natural.get(run.spec.run, [])
+            path = fresh.cache_path(run, CACHE / f"seed{seed}")
+            if not path.exists():  # train_pair would train it: this script only reads
                 raise SystemExit(f"{path}: not cached (run eval_detectors.py --set fresh --seed {seed} first)")
             _, twin = fresh.train_pair(run, CACHE / f"seed{seed}")
             rows, events = subsample(*twin, spec.log_every)
@@ -64,14 +64,14 @@ def twin_alarms(seed: int) -> dict:
             w = match_window(spec.log_every)
             steps, segs = np.asarray(table["step"]), np.asarray(table["segment"])
             inside = np.zeros(len(steps), bool)
-            for lab in natural.get(spec.run, []):
+            for lab in nat:
                 inside |= (segs == lab["segment"]) & (steps >= lab["onset"] - w) & (steps <= lab["end"] + w)
             healthy += int((~inside).sum())
             num_runs += 1
             for f in report.findings:
                 if f.severity in ALARM and not any(lab["segment"] == f.segment and lab["kind"] in _absorbing(f.kind)
                                                    and lab["onset"] - w <= f.onset_step <= lab["end"] + w
-                                                   for lab in natural.get(spec.run, [])):
+                                                   for lab in nat):
                     alarms.append({"run": spec.run, "kind": f.kind, "severity": f.severity, "segment": f.segment,
                                    "onset": f.onset_step, "knobs": {k: v for k, v in fresh.draws.knobs(spec).items()
                                                                     if k in ("log_every", "clock", "fp16")},

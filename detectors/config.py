@@ -268,6 +268,11 @@ class ScalerConfig:
     """The skipped-step rate of a collapse (one step in 20), against the scaler's healthy rate of about one
     skip per growth interval: the two hypotheses of the Bernoulli CUSUM. Runs skipping less often than this
     still regrow their scale between overflows."""
+    collapse_ratio: float = 2.0
+    """Where the run's metadata states its growth interval, a collapse skips at least this many times as often
+    as the healthy rate (one skip per interval plus one, at the ceiling): twice as often loses a halving per
+    interval, the scale falling as fast as it would grow (a principle of the scaler's own arithmetic; fresh seed
+    608490's run 008, interval 20, skipped once every 21 steps for its whole run and was not a collapse)."""
     skip_h: float = 15.0
     """Bernoulli-CUSUM decision interval (log-likelihood ratio, nats): with p0 = 1/1000 each skipped step adds
     log(p1/p0) = 3.9, so four skips close together alarm; set with ``bench/calibrate.py``."""
@@ -307,6 +312,7 @@ class ScalerConfig:
     def __post_init__(self) -> None:
         _check(self.floor > 0 and self.min_halvings > 0, "floor and min_halvings must be > 0")
         _check(0 < self.skip_rate < 1 and self.skip_h > 0, "need 0 < skip_rate < 1 and skip_h > 0")
+        _check(self.collapse_ratio > 1, "collapse_ratio must be > 1")
         _check(self.growth_interval >= 1 and self.calibration_steps >= 0, "bad growth_interval or calibration_steps")
         _check(self.level_window > 0 and self.change_point_slack >= 0, "need level_window > 0, change_point_slack >= 0")
         _check(0 < self.burst_over_risk < 1, "burst_over_risk must be in (0, 1)")

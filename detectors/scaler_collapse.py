@@ -34,6 +34,7 @@ import math
 
 import numpy as np
 
+from runwatch.detectors.config import ScalerConfig
 from runwatch.detectors.core import Grow, cusum
 from runwatch.detectors.finding import Finding
 from runwatch.detectors.scanner import Observations, ScanContext
@@ -82,7 +83,7 @@ class ScalerScanner:
         self._chains(lo, n, steps, scale)
         prev = np.concatenate([[self.prev_step if self.prev_step is not None else int(steps[lo]) - 1], steps[lo:n - 1]])
         span = np.maximum(steps[lo:n] - prev, 1)
-        p0, p1 = rates(interval, self.cfg.skip_rate, not self.learn_interval)
+        p0, p1 = rates(interval, self.cfg, not self.learn_interval)
         inc = skips * np.log(p1 / p0) + (span - skips) * np.log((1 - p1) / (1 - p0))
         # A skip seen on a row happened somewhere since the row before: calibration when that interval began
         # in the opening steps (a log written every 100 steps shows the opening halvings at step 100).
@@ -308,7 +309,7 @@ class ScalerScanner:
         # step (flagged, no halving before it): then the change is at that very step.
         prev = np.where((cand > 0) & ~self.own_skip.view[cand], steps[np.maximum(cand - 1, 0)], steps[cand] - 1)
         m = np.maximum(steps[alarm] - prev, k)
-        p0 = float(rates(float(self.intervals.view[alarm]), self.cfg.skip_rate, not self.learn_interval)[0])
+        p0 = float(rates(float(self.intervals.view[alarm]), self.cfg, not self.learn_interval)[0])
         p = np.clip(k / m, p0, 1 - 1e-12)
         llr = k * np.log(p / p0) + (m - k) * np.log((1 - p) / (1 - p0))
         plausible = cand[llr >= llr.max() - self.cfg.change_point_slack]
@@ -399,21 +400,18 @@ class ScalerScanner:
                        self_recovered=recovered, needs_action=needs, evidence=evidence, message=message)
 
 
-def rates(interval: np.ndarray | float, skip_rate: float, known: bool) -> tuple[np.ndarray, np.ndarray]:
+def rates(interval: np.ndarray | float, cfg: ScalerConfig, known: bool) -> tuple[np.ndarray, np.ndarray]:
     """The Bernoulli CUSUM's two skip rates for a scaler with growth interval ``interval``: healthy p0 and
     collapse p1. A scaler at its ceiling overflows once per growth interval and holds its scale there (a doubling
-    per ``interval`` clean steps, a halving per skip): p0 = 1 / (interval + 1). Skipping twice as often loses a
-    halving per interval, the scale falling as fast as it would grow: p1 = 2 p0, or ``skip_rate`` where that is
-    more. A short interval has a fast sawtooth (fresh seed 608490's run 008, growth interval 20 in its
-    ``run.json``: a skip every 21 steps, which a p0 capped at ``skip_rate`` / 2 read as a collapse 93 skips long).
-    That holds for an interval the run's metadata states (``known``); one learned from the sawtooth is the
-    shortest regrowth seen so far, a lower bound on the real one, so its p0 stays capped at ``skip_rate`` / 2
-    against ``skip_rate``. An interval under 2 is judged as 2 (p1 under 1)."""
+    per ``interval`` clean steps, a halving per skip): p0 = 1 / (interval + 1), and p1 = ``collapse_ratio`` p0,
+    or ``skip_rate`` where that is more. That holds for an interval the run's metadata states (``known``); one
+    learned from the sawtooth is the shortest regrowth seen so far, a lower bound on the real one, so its p0
+    stays capped at ``skip_rate`` / 2 against ``skip_rate``. An interval under 2 is judged as 2 (p1 under 1)."""
     iv = np.maximum(np.asarray(interval, dtype=np.float64), 2.0)
     if not known:
-        return np.minimum(1.0 / iv, skip_rate / 2), np.full(iv.shape, skip_rate)
+        return np.minimum(1.0 / iv, cfg.skip_rate / 2), np.full(iv.shape, cfg.skip_rate)
     p0 = 1.0 / (iv + 1.0)
-    return p0, np.maximum(skip_rate, 2.0 * p0)
+    return p0, np.minimum(np.maximum(cfg.skip_rate, cfg.collapse_ratio * p0), 1.0 - 1e-9)
 
 
 def burst_over(skipped: np.ndarray | float, first_step: int, last_skip_step: np.ndarray | int,

@@ -61,9 +61,14 @@ def _cache_key(spec: HeldoutSpec) -> str:
     return hashlib.sha1(repr(spec).encode() + TRAINING_CODE).hexdigest()[:16]
 
 
+def cache_path(run: draws.FreshRun, cache_dir: Path) -> Path:
+    """Where ``train_pair`` keeps the run's pair: keyed by its spec and the training code."""
+    return cache_dir / f"{run.spec.run}-{_cache_key(run.spec)}.json.gz"
+
+
 def train_pair(run: draws.FreshRun, cache_dir: Path) -> tuple[tuple[list, list], tuple[list, list]]:
     """(rows, events) of the faulty run and of its clean twin, per step; cached by spec and training code."""
-    path = cache_dir / f"{run.spec.run}-{_cache_key(run.spec)}.json.gz"
+    path = cache_path(run, cache_dir)
     if path.exists():
         with gzip.open(path, "rt") as fh:
             got = json.load(fh)

@@ -2125,8 +2125,8 @@ def test_72_a_fast_sawtooth_at_the_ceiling_is_the_scalers_healthy_rate() -> None
     assert 690 <= collapse.onset_step <= 700 and collapse.needs_action, collapse  # or the sawtooth skip before it
     from runwatch.detectors.scaler_collapse import rates
 
-    p0, p1 = rates(np.array([20.0, 999.0]), DEFAULT.scaler.skip_rate, known=True)
+    p0, p1 = rates(np.array([20.0, 999.0]), DEFAULT.scaler, known=True)
     assert np.allclose(p0, [1 / 21, 1e-3]) and np.allclose(p1, [2 / 21, DEFAULT.scaler.skip_rate])
     # A learned interval (the shortest regrowth seen) only bounds the real one: its p0 stays capped.
-    p0, p1 = rates(np.array([20.0, 999.0]), DEFAULT.scaler.skip_rate, known=False)
+    p0, p1 = rates(np.array([20.0, 999.0]), DEFAULT.scaler, known=False)
     assert np.allclose(p0, [DEFAULT.scaler.skip_rate / 2, 1 / 999]) and np.allclose(p1, DEFAULT.scaler.skip_rate)
