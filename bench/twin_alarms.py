@@ -1,7 +1,7 @@
 """False alarms on clean training: the fault-free twins of the fresh sets' runs.
 
     .venv/bin/python bench/twin_alarms.py --seeds 501650 595643     # seeds whose training is cached
-    .venv/bin/python bench/twin_alarms.py --cached                  # every seed in results/fresh-train-cache
+    .venv/bin/python bench/twin_alarms.py --cached                  # every seed evaluated to the end
 
 Every run of a fresh seed (bench/evalruns/fresh.py) is trained twice: as drawn and without its faults (the
 clean twin the labeller compares it with). The twins are real CPU training with everything the fresh
@@ -40,7 +40,9 @@ CACHE = RESULTS / "fresh-train-cache"
 
 
 def cached_seeds() -> list[int]:
-    return sorted(int(p.name.removeprefix("seed")) for p in CACHE.glob("seed*") if p.is_dir())
+    """Seeds evaluated to the end: training cached and runs labelled (an interrupted evaluation has no labels)."""
+    seeds = (int(p.name.removeprefix("seed")) for p in CACHE.glob("seed*") if p.is_dir())
+    return sorted(s for s in seeds if (RESULTS / fresh.result_name(s) / "labels.json").exists())
 
 
 def twin_alarms(seed: int) -> dict:
@@ -108,7 +110,7 @@ def report(results: list[dict]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, nargs="*", default=[])
-    ap.add_argument("--cached", action="store_true", help="every seed whose training is cached")
+    ap.add_argument("--cached", action="store_true", help="every seed whose evaluation finished (training cached, runs labelled)")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--out", type=Path, default=RESULTS / "twin_alarms.md")
     args = ap.parse_args()

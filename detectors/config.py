@@ -153,9 +153,10 @@ class SpikeConfig:
     'info' annotation, still out or back (a wander comes back after tens to hundreds of observations, so
     one still out when the data ends is no more a fault than one that came back; on seed 577916 two such
     annotations at a run's end were critical, the fault-free twin making the same rise), unless it left a
-    lasting cost, and an alarm as soon as a far-out value, the LR or the gradient norm backs it (a value far out
-    against the run's variability with its wander, the scale the CUSUM reads: over a long shift some values pass
-    the short-term noise's bar by chance). Training's own loss
+    lasting cost, and an alarm as soon as far-out values, the LR or the gradient norm back it (``persist_obs`` values
+    in a row far out against the run's variability with its wander, the scale the CUSUM reads, as a single-observation
+    excursion needs to page: over a long shift some values pass the short-term noise's bar by chance, and a lone
+    value past the bar somewhere in hundreds of observations is chance too). Training's own loss
     wanders in such shifts with nothing wrong (a rebound after a fast fall, a slow rise late in training): of
     the 14 alarm-level spike findings outside every label on the looked-at fresh seeds (247925, 781099 and
     446183's first 60 runs), 11 were such shifts, 6 of them made by the fault-free twin alike and 5 a faulted

@@ -721,14 +721,20 @@ def classify(sc: SpikeScanner, ep: Episode, obs: Observations) -> Finding | None
     # the LR raised before it nor the gradient norm past its bar: training's own wander (a rebound after a fast
     # fall) makes such shifts with nothing wrong, and they last: back after tens to hundreds of observations, so
     # one still out at the end of the data is no more a fault than one that came back. Annotated, open or not,
-    # unless it left a lasting cost; paged once something corroborates it (a far-out value, the LR, the norm).
+    # unless it left a lasting cost; paged once something corroborates it (far-out values, the LR, the norm).
     lr_moved = lr_story["lr_raised"] or lr_story["lr_step_up_step"] is not None
-    # A far-out value corroborates a shift only past the bar against the run's variability with its wander (the
-    # scale the CUSUM itself reads): over tens of observations a shift of a few sigmas of a wandering loss puts
-    # some values past the bar of its short-term noise by chance (fresh seed 396069's run 122: a late rebound the
-    # clean twin makes too, 169 steps long, 3 values past 6.5 short-term sigmas).
-    far_wander = far & (zl_c * f["scale"] / f["total"] > f["thr_loss"])
-    quiet = cfg.corroborate_shifts and ep.rule != "shewhart" and not far_wander.any() and not grad_far and not lr_moved
+    # Far-out values corroborate a shift as they would page on their own: ``persist_obs`` in a row past the bar
+    # against the run's variability with its wander (the scale the CUSUM itself reads). Over tens of observations a
+    # shift of a few sigmas of a wandering loss puts some values past the bar of its short-term noise by chance
+    # (fresh seed 396069's run 122: a late rebound the clean twin makes too, 169 steps long, 3 values past 6.5
+    # short-term sigmas), and over hundreds a lone value past any per-observation bar: a bar passed once in 10^4
+    # observations is passed somewhere in a 250-observation shift one time in 40, more often as a small batch's
+    # loss noise grows with the level it shifted to (the clean twins of 448775-023 and 930351-015: one or two
+    # lone values past it in rebounds 150-250 steps long). A lone far value is an 'info' blip, and so is a
+    # shift; together they are still two pieces of noise.
+    far_wander = far & (zl_c > f["thr_loss"] * f["total"] / f["scale"])  # the bar in short-term sigmas (no overflow)
+    quiet = (cfg.corroborate_shifts and ep.rule != "shewhart" and _longest_run(far_wander) < cfg.persist_obs
+             and not grad_far and not lr_moved)
     if not persistent or (quiet and not costly) or (recovered is not False and lr_story["lr_scheduled"]):
         severity, needs = "info", False
     elif recovered is False or costly:

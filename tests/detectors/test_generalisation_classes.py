@@ -2130,3 +2130,32 @@ def test_72_a_fast_sawtooth_at_the_ceiling_is_the_scalers_healthy_rate() -> None
     # A learned interval (the shortest regrowth seen) only bounds the real one: its p0 stays capped.
     p0, p1 = rates(np.array([20.0, 999.0]), DEFAULT.scaler, known=False)
     assert np.allclose(p0, [DEFAULT.scaler.skip_rate / 2, 1 / 999]) and np.allclose(p1, DEFAULT.scaler.skip_rate)
+
+
+# 73. A shift with a lone far value in it is two pieces of noise, not a corroborated one.
+
+def test_73_a_rebound_with_one_far_value_is_the_runs_wander() -> None:
+    """Real CPU training, the clean twins of fresh seeds 448775's run 023 and 930351's run 015
+    (``tests/fixtures/fresh``, no fault in either; batches of 15 and 19, so the loss is noisy). 448775's loss
+    falls to ~0.7 by step 1900, rebounds to ~0.9-1.0 at 1926 and stays there for 250 steps; 930351's makes the
+    same rebound at 1667 for ~200 steps. The CUSUM sees each shift (it is real), and a shift the CUSUM alone sees
+    is training's own wander until something corroborates it: the LR raised, the gradient norm past its bar, or
+    far-out values. Each rebound held one or two lone values past the single-observation bar, and one sufficed,
+    so both paged as 'sustained loss rise'. A bar passed once in 10^4 observations is passed somewhere in a
+    250-observation shift one time in 40, and a lone value past it is an 'info' blip on its own: far-out values
+    corroborate as they would page alone, ``persist_obs`` in a row. Fails on HEAD~1 (warnings at 1926, 1667)."""
+    shifts = {}
+    for name, onset in (("f448775-023-twin", 1926), ("f930351-015-twin", 1667)):
+        steps, cols = _fresh_run(name)
+        report = analyze(rows_table(steps, **cols))
+        [shift] = [f for f in report.findings if f.kind == "spike" and f.onset_step == onset]
+        assert (shift.severity, shift.evidence["rule"], shift.evidence["uncorroborated"]) == ("info", "cusum", True)
+        assert shift.evidence["observations_far_out"] >= 1, shift  # the lone value(s) that used to corroborate it
+        assert not [f for f in _alarms(report) if f.kind in ("spike", "divergence")], name
+        shifts[name] = shift.evidence
+    # Guard: two far values in a row inside the same rebound (a bad batch of two, 12 sigmas up) corroborate it.
+    steps, cols = _fresh_run("f448775-023-twin")
+    loss, ev = cols["loss"].copy(), shifts["f448775-023-twin"]
+    loss[(steps == 1960) | (steps == 1961)] = ev["baseline_loss"] + 12 * ev["loss_sigma"]
+    [paged] = [f for f in _alarms(analyze(rows_table(steps, **{**cols, "loss": loss}))) if f.kind == "spike"]
+    assert (paged.onset_step, paged.severity, paged.evidence["rule"]) == (1926, "warning", "cusum"), paged
