@@ -244,7 +244,7 @@ def restart_before(steps: np.ndarray, lr: np.ndarray, onset: int, until: int, lr
     r = lr_step_before(lr, onset, history, lrc)
     if r is None:
         return None
-    top = trained_level(steps[history:r], lr[history:r], lrc)
+    top = trained_level(steps[:r], lr[:r], lrc)
     if not warm_restart(lr, r - 1, r, top, lrc):
         return None
     held = lr[r:max(until, onset) + 1]
@@ -395,7 +395,7 @@ def lr_jump_inside(steps: np.ndarray, lr: np.ndarray, onset: int, until: int, lr
     flat = lr[onset:jump]  # a ramp's first rows are already its cause: only a jump from the level moves the onset
     if not np.all(np.isfinite(flat) & (flat <= lrc.flat * level)) or in_warmup(steps, lr, int(steps[jump]), lrc):
         return None
-    if warm_restart(lr, jump - 1, jump, trained_level(steps[history:jump], lr[history:jump], lrc), lrc):
+    if warm_restart(lr, jump - 1, jump, trained_level(steps[:jump], lr[:jump], lrc), lrc):
         later = lr_jump_inside(steps, lr, jump, until, lrc, history, level=float(lr[jump]))
         return jump if later is None else later
     return jump
@@ -823,7 +823,7 @@ def lr_burst_shifts(obs: Observations, history: int, config: object, segment: in
         (z, up, level), hi = max(tests, key=lambda t: t[0][0])
         if z < cfg.lr_shift_z or not level > 0 or up < min_rise * level:
             continue
-        if warm_restart(lr, a - 1, a, trained_level(steps[history:a], lr[history:a], lrc), lrc):
+        if warm_restart(lr, a - 1, a, trained_level(steps[:a], lr[:a], lrc), lrc):
             continue  # the schedule's restart: the loss answering it is the schedule's (``restart_before``)
         lasting, end = hi == n, hi - 1  # lifted up to the data's end: not seen to come back (yet)
         span = np.where(np.isfinite(loss[c:hi]), loss[c:hi], -np.inf)

@@ -637,7 +637,7 @@ def _lr_story(steps: np.ndarray, lr: np.ndarray, onset: int, end: int, history: 
     hold_rows = held_rows(at, lrc)
     stepped_up = rise_at > history and bool(lr[rise_at] >= lrc.raise_factor * lr[rise_at - 1])  # not a ramp
     back = max(level, float(lr[rise_at - 1])) if stepped_up else level
-    earlier = trained_level(steps[history:rise_at], lr[history:rise_at], lrc)  # the highest LR the run trained at before this rise
+    earlier = trained_level(steps[:rise_at], lr[:rise_at], lrc)  # the highest LR the run trained at before this rise
     # Back on the schedule: at the LR before (within ``flat``), or stepped onto the highest level the run trained
     # at before the rise and not rising on (the schedule's warm restart, here where a burst ends straight into it:
     # fresh seed 930351's run 082, a burst x1.2e3 at 292-295 and the restart to the first cycle's peak at 296,

@@ -2159,3 +2159,29 @@ def test_73_a_rebound_with_one_far_value_is_the_runs_wander() -> None:
     loss[(steps == 1960) | (steps == 1961)] = ev["baseline_loss"] + 12 * ev["loss_sigma"]
     [paged] = [f for f in _alarms(analyze(rows_table(steps, **{**cols, "loss": loss}))) if f.kind == "spike"]
     assert (paged.onset_step, paged.severity, paged.evidence["rule"]) == (1926, "warning", "cusum"), paged
+
+
+# 74. The LR levels a resumed run trained at include its main line before the resume.
+
+def test_74_a_warm_restart_after_a_resume_is_the_schedule() -> None:
+    """Real CPU training, the clean twin of fresh seed 727123's run 143 (``tests/fixtures/fresh``, no fault):
+    cosine with warm restarts from 0.00145, restarting at steps 398 and 707; segment 1 resumes from checkpoint 450.
+    The restart at 707 takes the LR x19 back to the peak the run trained at after 398, and the loss rises with it
+    as it does after every restart. The levels the run trained at were read from the segment's own rows only, which
+    never held the peak, so the restart read as an LR raised off the schedule: 'loss diverged from step 708 ...
+    learning rate x19 ... still up', critical. A resumed segment's detectors start from its parent's healthy
+    history (the main line up to the resume step); the LR levels trained at are read from it too. Fails on
+    HEAD~1 (that critical divergence)."""
+    steps, cols = _fresh_run("f727123-143-twin")
+    seg = cols.pop("segment").astype(int)
+    events = _ckpts(list(range(45, 451, 45)), resume=(1, 450))
+    report = analyze(rows_table(steps, seg, **cols), events)
+    assert not [f for f in _alarms(report) if f.kind in ("spike", "divergence")], report.findings
+    [rise] = [f for f in report.findings if f.kind == "spike" and f.onset_step == 708]
+    assert rise.severity == "info" and rise.evidence["lr_scheduled"], rise
+    # Guard: the same step up to 3x any level the run trained at is a raise, and the loss rise under it a divergence.
+    lr = cols["lr"].copy()
+    lr[(seg == 1) & (steps >= 707)] *= 3.0
+    [div] = [f for f in _alarms(analyze(rows_table(steps, seg, **{**cols, "lr": lr}), events))
+             if f.kind in ("spike", "divergence")]
+    assert (div.kind, div.segment, div.onset_step, div.needs_action) == ("divergence", 1, 708, True), div
