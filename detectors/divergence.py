@@ -178,7 +178,9 @@ def held_rows(steps: np.ndarray, lrc: LRConfig) -> int:
 
 def trained_level(steps: np.ndarray, lr: np.ndarray, lrc: LRConfig) -> float:
     """The highest LR the run trained at over these rows: the highest level held for ``lrc.held_steps`` updates
-    (each run of that many rows, at least two, counts at its lowest); -inf without a finite LR."""
+    (each run of that many rows, at least two, counts at its lowest); -inf without a finite LR. Callers pass every
+    row before the point judged, a resumed segment's parent history included: the run trained at its main line's
+    levels before the resume (a warm restart back to a peak held before the resume is the schedule; test 74)."""
     ok = np.isfinite(lr)
     v, at = lr[ok], steps[ok]
     if not len(v):
