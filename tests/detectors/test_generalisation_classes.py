@@ -2108,7 +2108,7 @@ def test_72_a_fast_sawtooth_at_the_ceiling_is_the_scalers_healthy_rate() -> None
     for the whole run. The Bernoulli CUSUM's healthy rate p0 was capped at ``skip_rate`` / 2 (one skip in 40),
     under this sawtooth's one in 21, so the sum crept up a sixth of a nat a cycle and called the segment a
     collapse from step 529, 93 skips long and 'not recovered yet' (critical). A scaler at its ceiling holds its
-    scale with one skip per growth interval: p0 = 1 / interval, and a collapse skips at least twice as often
+    scale with one skip per growth interval: p0 = 1 / (interval + 1), and a collapse skips at least twice as often
     (the scale then falls a halving per interval, as fast as it would grow), where the run states its interval.
     Fails on HEAD~1 (a critical collapse from 529)."""
     steps, cols = _fresh_run("f608490-008-twin")
