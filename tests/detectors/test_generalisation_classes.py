@@ -2185,3 +2185,34 @@ def test_74_a_warm_restart_after_a_resume_is_the_schedule() -> None:
     [div] = [f for f in _alarms(analyze(rows_table(steps, seg, **{**cols, "lr": lr}), events))
              if f.kind in ("spike", "divergence")]
     assert (div.kind, div.segment, div.onset_step, div.needs_action) == ("divergence", 1, 708, True), div
+
+
+# 75. A norm's climb dated before an LR burst inside it began with the burst, unless it had risen before it.
+
+@pytest.mark.parametrize("climb_from, rate", [(None, 1.0), (400, 1.004), (400, 1.006), (450, 1.008)])
+def test_75_a_norm_climb_dated_before_the_burst_inside_it_begins_with_the_burst(climb_from, rate) -> None:
+    """Real CPU training (fresh seed 142542's run 050, ``tests/fixtures/fresh``): logged every 10 steps, checkpoints
+    every 47; an LR burst x150 at 690 throws the loss 1 -> 22 and it never comes back; an LR ramp from 920 blows it
+    up to 74. The gradient norm is flat at 2-4 until 690. Its climb is found on blocks of 16 rows (160 steps here),
+    and the walk back from the end passes a flat block beside a steep one, so the climb was dated at 490: a
+    divergence from 490 and the advice checkpoint 470, 220 steps of healthy training thrown away (the right one is
+    658). A norm "growing" before the LR event inside its climb is the fit's error, as with an LR rise: the climb
+    begins with the burst's first consequence, unless the norm had already risen before the burst (its median over
+    the 16 rows before it ``growth_z`` standard errors above its median before the dated start). Guard: the same
+    run with both norms made to climb x1.004-1.008 a step from 400 or 450 up to the burst keeps that precursor as
+    the onset, as before. Fails on HEAD~1 (onset 490, checkpoint 470)."""
+    steps, cols = _fresh_run("f142542-050")
+    events = json.loads((FIXTURES / "fresh" / "f142542-050-checkpoints.json").read_text())
+    if climb_from is not None:
+        lift = np.where(steps >= climb_from, rate ** (np.minimum(steps, 690) - climb_from), 1.0)
+        cols = {**cols, "grad_norm": cols["grad_norm"] * lift, "act_norm": cols["act_norm"] * lift}
+    report = analyze(rows_table(steps, **cols), events_table(events))
+    [div] = _alarms(report)
+    assert (div.kind, div.severity) == ("divergence", "critical"), div
+    if climb_from is None:
+        assert div.onset_step == 690 and div.evidence["lr_rise_step"] == 690, div
+        assert report.rollback is not None and report.rollback.checkpoint_step == 658, report.rollback
+    else:  # the climb, dated within a block of 16 rows of where it began
+        assert climb_from <= div.onset_step <= climb_from + 160 and div.onset_step < 690, div
+        assert report.rollback is not None and report.rollback.checkpoint_step < div.onset_step, report.rollback
+
