@@ -17,6 +17,7 @@ clipping (OPT 1.0 -> 0.3); for NaN or scaler collapse under fp16, consider BF16.
 from __future__ import annotations
 
 import json
+import math
 import shlex
 
 import numpy as np
@@ -73,7 +74,7 @@ CONTRACT = ("a checkpoint at step s holds the update of step s, and the first ba
             "update o-1 (or the batch of o), so only a checkpoint before the last logged healthy step is clean")
 
 
-def _health(ckpt_step: int, main: dict[str, np.ndarray], findings: list[Finding],
+def _health(ckpt_step: int, main: dict[str, np.ndarray], findings: list[Finding], segments: list[SegmentInfo],
             cfg: AdviceConfig, lrc: LRConfig) -> tuple[bool, str, int | None]:
     """OPT criteria over the observations up to the checkpoint: (healthy, why, start of an act-norm climb or None)."""
     steps = main["step"]
@@ -94,7 +95,11 @@ def _health(ckpt_step: int, main: dict[str, np.ndarray], findings: list[Finding]
         # recovered (the run showed it; seed 890695's run 025: a recovered 1.5-sigma rise pushed a NaN's rollback
         # back a checkpoint). A checkpoint in the thick of a spike is not healthy for all that (fresh seed 468102's
         # run 032: 75 sigmas up at checkpoint 266; the playbook restarts before the spike).
-        if f.kind in NO_ROLLBACK_KINDS or f.severity == "info" or not f.onset_step - 1 <= ckpt_step <= f.end_step:
+        # Only the part of an incident on the main line: what a later resume abandoned is no state the main line
+        # had, and its steps come again in the resumed segment (fresh seed 418024's run 095: a NaN from 143 on a
+        # branch abandoned for checkpoint 80 refused the resumed segment's healthy checkpoint 160).
+        end = min(f.end_step, _abandoned_from(f.segment, segments) - 1)
+        if f.kind in NO_ROLLBACK_KINDS or f.severity == "info" or not f.onset_step - 1 <= ckpt_step <= end:
             continue
         if not (f.self_recovered is True and not f.needs_action and _state_back(ckpt_step, main, f, cfg)):
             return False, f"inside the {f.kind} from step {f.onset_step}", None
@@ -177,10 +182,15 @@ def _target(findings: list[Finding]) -> Finding | None:
     return min(actionable, key=lambda f: (f.onset_step, f.segment)) if actionable else None
 
 
+def _abandoned_from(segment: int | None, segments: list[SegmentInfo]) -> float:
+    """The first step of ``segment`` a later resume abandoned (the main-line cut), inf where none did."""
+    seg = next((s for s in segments if s.segment == segment), None)
+    return math.inf if seg is None or seg.abandoned_from is None else seg.abandoned_from
+
+
 def _on_main_line(ckpt: dict, segments: list[SegmentInfo]) -> bool:
     """A checkpoint saved on a branch a later resume abandoned holds a state the main line never had."""
-    seg = next((s for s in segments if s.segment == ckpt.get("segment")), None)
-    return seg is None or seg.abandoned_from is None or ckpt["step"] < seg.abandoned_from
+    return ckpt["step"] < _abandoned_from(ckpt.get("segment"), segments)
 
 
 def _choose(checkpoints: list[dict], cutoff: int, main: dict[str, np.ndarray], findings: list[Finding],
@@ -192,7 +202,7 @@ def _choose(checkpoints: list[dict], cutoff: int, main: dict[str, np.ndarray], f
         if ckpt["step"] >= cutoff:  # a climb found on a later checkpoint moved the cutoff back
             rejected.append({"step": ckpt["step"], "why": f"after the activation-norm climb from step {cutoff}"})
             continue
-        healthy, why, growth = _health(ckpt["step"], main, findings, cfg, lrc)
+        healthy, why, growth = _health(ckpt["step"], main, findings, segments, cfg, lrc)
         if not healthy:
             rejected.append({"step": ckpt["step"], "why": why})
             # The climb into a rejected checkpoint began at ``growth``: a checkpoint taken after that

@@ -2216,3 +2216,39 @@ def test_75_a_norm_climb_dated_before_the_burst_inside_it_begins_with_the_burst(
         assert climb_from <= div.onset_step <= climb_from + 160 and div.onset_step < 690, div
         assert report.rollback is not None and report.rollback.checkpoint_step < div.onset_step, report.rollback
 
+
+# 76. Only the main-line part of an incident can make a checkpoint unhealthy.
+
+def test_76_an_incident_on_an_abandoned_branch_does_not_refuse_the_resumed_segments_checkpoint() -> None:
+    """Real CPU training (fresh seed 418024's run 095, ``tests/fixtures/fresh``, both segments): fp16, checkpoints
+    every 80. NaN weights from step 143; at 160 the run was rolled back to checkpoint 80, skipping batches, so the
+    resumed segment's first step is 138; an LR jump x68 at 178 then makes it diverge from 179. The NaN lies on the
+    abandoned branch (steps 81-160 of segment 0), and the resumed segment saved its own checkpoint 160, healthy:
+    the right advice is 160. Each checkpoint was judged against every finding by step number alone, so the
+    abandoned NaN's 143-160 held the resumed segment's 160 and the advice went back to 80, 80 steps of healthy
+    training thrown away. Fails on HEAD~1 (checkpoint 80). Guard: the part of the NaN a resume keeps on the main line
+    still refuses a checkpoint inside it."""
+    steps, cols = _fresh_run("f418024-095")
+    seg = cols.pop("segment").astype(int)
+    events = json.loads((FIXTURES / "fresh" / "f418024-095-events.json").read_text())
+    report = analyze(rows_table(steps, seg, **cols), events_table(events))
+    [nan] = [f for f in report.findings if f.kind == "nan"]
+    assert (nan.segment, nan.onset_step, nan.open) == (0, 143, False), nan
+    [div] = [f for f in report.findings if f.needs_action and f.open]
+    assert (div.kind, div.segment, div.onset_step) == ("divergence", 1, 179), div
+    assert report.rollback is not None and report.rollback.checkpoint_step == 160, report.rollback
+    # Guard: the part of an incident a resume keeps on the main line still holds a checkpoint. The same rows with
+    # the rollback moved to a checkpoint at 150 (segment 1's rows from 151, without its checkpoint 160), and the NaN
+    # rows made finite (the values before 143), so that what holds checkpoint 150 is the incident, the loss scale's
+    # collapse from 143 (its halvings stay), not a non-finite row: its 143-150 are the main line's.
+    moved = [e for e in events if e["event"] == "checkpoint" and e["step"] != 160] + [
+        {"event": "checkpoint", "step": 150, "segment": 0, "payload": {"path": "/ckpt/150"}},
+        {"event": "resume", "step": 150, "segment": 1, "payload": {"from_step": 150}}]
+    keep = (seg == 0) | (steps > 150)
+    bad = (seg == 0) & (steps >= 143)
+    finite = {k: np.where(bad, np.nanmedian(v[(seg == 0) & (steps < 143)]), v) if k in ("loss", "grad_norm", "act_norm")
+              else v for k, v in cols.items()}
+    report = analyze(rows_table(steps[keep], seg[keep], **{k: v[keep] for k, v in finite.items()}), events_table(moved))
+    assert report.rollback is not None and report.rollback.checkpoint_step == 80, report.rollback
+    why = {r["step"]: r["why"] for r in report.rollback.evidence["rejected_checkpoints"]}
+    assert why[150] == "inside the scaler_collapse from step 143", why
