@@ -305,6 +305,15 @@ class ScalerConfig:
     same collapse, never a false alarm or a miss (the later burst must still show its own evidence), so one
     collapse in a thousand split in two is the price. Measured: the calibration set's 3M healthy steps are
     unchanged (0.33 per 10^6), and 9 more collapse labels are found on the twelve looked-at seeds."""
+    chain_risk: float = 0.05
+    """A halving chain 2^``min_halvings`` deep is a collapse only if its skips are too many for the healthy rate: for
+    some run of its latest halvings, as many or more would come at one skip per growth interval with probability
+    under this (a one-sided Poisson tail over the steps they span), where the run's metadata states the interval
+    (``ScalerScanner._faster_than_healthy``). The depth is the rare event; this only clears a chain the healthy rate
+    explains comfortably, every run of its latest halvings at least a 5% tail (the conventional level; a looser
+    veto clears fewer chains, never more): a healthy sawtooth's deep tooth is a few overflows hundreds of steps apart
+    (bench/calibrate.py, draw 1: 4 halvings in ~1900 steps, interval 1000, a 1-in-8 tail); a collapse's come faster
+    (4 in ~2000 steps at interval 2000: 2%; 3 in 10 steps at interval ~20: 1.3%; 4 in 400 steps: 8e-4)."""
     calibration_steps: int = 50
     """Start-up calibration: skips before the scale ever grew, in the first 50 training steps (by step number,
     not row index), are the scaler halving down from its initial scale to a workable one (one overflow per
@@ -316,7 +325,7 @@ class ScalerConfig:
         _check(self.collapse_ratio > 1, "collapse_ratio must be > 1")
         _check(self.growth_interval >= 1 and self.calibration_steps >= 0, "bad growth_interval or calibration_steps")
         _check(self.level_window > 0 and self.change_point_slack >= 0, "need level_window > 0, change_point_slack >= 0")
-        _check(0 < self.burst_over_risk < 1, "burst_over_risk must be in (0, 1)")
+        _check(0 < self.burst_over_risk < 1 and 0 < self.chain_risk < 1, "burst_over_risk and chain_risk must be in (0, 1)")
 
 
 @dataclass(kw_only=True, frozen=True)

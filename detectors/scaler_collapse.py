@@ -110,7 +110,7 @@ class ScalerScanner:
             ch = self.chain
             if now > before:  # growth ends a chain (a burst that regrew near its start is over)
                 self.chain_grew = True
-                if ch is not None and ch["halvings"] >= self.cfg.min_halvings and not ch["calibration"]:
+                if ch is not None and self._counts(ch):
                     if now >= ch["before"] / 2.0 ** self.cfg.recovered_within:
                         ch["end"] = ch["last_skip"]
                         self.chain_closed.append(ch)
@@ -135,16 +135,18 @@ class ScalerScanner:
                 self.chain_ends.append((i, ch["end"]))
                 ch = self.chain = None
             if ch is None:
-                ch = self.chain = {"first": i, "first_lo": i, "last_skip": i, "min": now, "min_i": i,
+                ch = self.chain = {"first": i, "first_lo": i, "last_skip": i, "min": now, "min_i": i, "drops": [],
                                    "before": before, "ref": min(before, self._ceiling(i, steps)),
                                    "num_skipped": 0.0, "halvings": 0.0,
                                    "calibration": not self.chain_grew and since < self.cfg.calibration_steps}
             ch["last_skip"] = i
+            ch["drops"].append((since, max(round(math.log2(before / now)), 1) if now > 0 and before > 0 else 1))
             self.drop_step.append(int(steps[i]))
             self.drop_scale.append(before)
             # The depth counts from the scale it usually overflows at; the recovery aims at the scale before.
             ch["halvings"] = math.log2(ch["ref"] / now) if now > 0 and ch["ref"] > 0 else math.inf
-            if "alarm" not in ch and ch["halvings"] >= self.cfg.min_halvings and not ch["calibration"]:
+            if "alarm" not in ch and ch["halvings"] >= self.cfg.min_halvings and not ch["calibration"] \
+                    and self._faster_than_healthy(ch, int(steps[i]), float(self.intervals.view[i])):
                 ch["alarm"] = i
                 # The scale a row logs is the one its step ran with: the first decrease shows the halving of the
                 # skip flagged on the row before it. A burst of flagged skips running into it began at its first.
@@ -157,6 +159,27 @@ class ScalerScanner:
                 ch["min"], ch["min_i"] = now, i
         self.chain_prev = float(vals[-1])
         self.chain_prev_step = int(steps[rows[-1]])
+
+    def _faster_than_healthy(self, ch: dict, step: int, interval: float) -> bool:
+        """Whether a chain's skips came too fast for the healthy rate: for some run of its latest halvings, as many
+        skips over the steps since the row before the first of them would come with probability under
+        ``chain_risk`` at one skip per growth interval (``rates``' p0; a Poisson tail). A deep tooth of a healthy sawtooth is independent overflows, each after hundreds of clean
+        steps, that happen to come before the scale could regrow: bench/calibrate.py's draw 1 had three on one run
+        logged every 100 steps (16384 -> 1024 in ~1900 steps, growth interval 1000: 4 skips where 1.9 are expected,
+        a 1-in-8 tail), three of its six false alarms. A collapse halves the scale within steps of each halving
+        (every step, every other step, pinned at the floor), also after an ordinary overflow the scale has not yet
+        regrown from (fresh seed 9881's run 097: one at 115, three in a row at 169-171). Asked only where the run's
+        metadata states its growth interval: one learned from the sawtooth is a lower bound on the real one (the
+        shortest regrowth seen, ``rates``), so its healthy rate is an upper bound that would clear real collapses,
+        and a coarse log's halvings are a lower bound on its skips."""
+        if self.learn_interval:
+            return True
+        p0, skips = float(rates(interval, self.cfg, True)[0]), 0
+        for since, k in reversed(ch["drops"]):
+            skips += k
+            if poisson_tail(skips, max(step - since, skips) * p0) < self.cfg.chain_risk:
+                return True
+        return False
 
     def _ceiling(self, i: int, steps: np.ndarray) -> float:
         """The scale this scaler usually overflows at: the median scale before its halvings of the last
@@ -366,10 +389,11 @@ class ScalerScanner:
         return out
 
     def _counts(self, ep: dict) -> bool:
-        """A skip burst always counts; a halving chain once it fell 2^min_halvings (outside calibration)."""
+        """A skip burst always counts; a halving chain once it fell under the floor, or 2^min_halvings (outside
+        calibration) faster than the healthy rate explains (its alarm)."""
         if "calibration" not in ep:
             return True
-        return ep["min"] < self.cfg.floor or (ep["halvings"] >= self.cfg.min_halvings and not ep["calibration"])
+        return ep["min"] < self.cfg.floor or "alarm" in ep
 
     def _classify(self, ep: dict, recovered: bool | None, obs: Observations) -> Finding:
         steps, cfg, n = obs["step"], self.cfg, len(obs["step"])
@@ -412,6 +436,16 @@ def rates(interval: np.ndarray | float, cfg: ScalerConfig, known: bool) -> tuple
         return np.minimum(1.0 / iv, cfg.skip_rate / 2), np.full(iv.shape, cfg.skip_rate)
     p0 = 1.0 / (iv + 1.0)
     return p0, np.minimum(np.maximum(cfg.skip_rate, cfg.collapse_ratio * p0), 1.0 - 1e-9)
+
+
+def poisson_tail(k: int, lam: float) -> float:
+    """P(X >= k) for X ~ Poisson(lam), summed in log space (k up to the hundreds of skips a collapse can infer)."""
+    if k <= 0:
+        return 1.0
+    if lam <= 0:
+        return 0.0
+    terms = [j * math.log(lam) - lam - math.lgamma(j + 1) for j in range(k)]
+    return max(0.0, 1.0 - math.fsum(math.exp(t) for t in terms))
 
 
 def burst_over(skipped: np.ndarray | float, first_step: int, last_skip_step: np.ndarray | int,

@@ -2252,3 +2252,41 @@ def test_76_an_incident_on_an_abandoned_branch_does_not_refuse_the_resumed_segme
     assert report.rollback is not None and report.rollback.checkpoint_step == 80, report.rollback
     why = {r["step"]: r["why"] for r in report.rollback.evidence["rejected_checkpoints"]}
     assert why[150] == "inside the scaler_collapse from step 143", why
+
+
+# 77. A halving chain is a collapse when its skips come faster than the scaler's healthy rate explains.
+
+def _wandering_sawtooth(tooth: list[float]) -> tuple[np.ndarray, np.ndarray]:
+    """A healthy GradScaler logged every 100 steps, growth interval 1000: it lives at 8192 and 4096, regrows to
+    16384 now and then and overflows there at once (so most of its halvings start from 16384), then ``tooth``."""
+    cycle = [8192.0] * 10 + [16384.0] + [8192.0] * 10 + [16384.0] + [8192.0] * 6 + [4096.0] * 10
+    scale = cycle * 12 + tooth + [2048.0] * 10 + [4096.0] * 10 + cycle * 4
+    return np.arange(len(scale), dtype=np.int64) * 100, np.array(scale)
+
+
+def test_77_a_deep_tooth_of_a_healthy_sawtooth_is_no_collapse() -> None:
+    """bench/calibrate.py, draw 1 (seed 1), run sim-004: a healthy scaler logged every 100 steps, growth interval
+    1000, its level wandering between 4096 and 16384. Three times in 10^7 steps a tooth went from its peak 16384 to
+    1024 and regrew: four overflows ~500-700 steps apart, each before the scale could regrow. 'loss scale collapsed
+    ... 16384 -> 1024, 4 steps skipped': three of draw 1's six false alarms (1.95 per 10^6 logged steps, over the
+    budget). A chain of halvings with no growth in between counted as a collapse at 2^4 whatever its pace; four
+    skips in ~1900 steps, where the healthy rate (one per growth interval) expects 1.9, is a 1-in-8 Poisson tail.
+    A chain is now a collapse only if some run of its latest halvings came too fast for the healthy rate
+    (``ScalerConfig.chain_risk``). Fails on HEAD~1 (a collapse from 48600). Guards: the same four halvings one logged
+    row (100 steps) apart are a collapse; so is an ordinary overflow followed, before the scale regrew, by three
+    halvings within one row (the run of the latest ones is what came too fast); and a slide at twice the healthy
+    rate down to under 1 is one."""
+    from runwatch.detectors.scaler_collapse import detect_scaler_collapse
+
+    meta = {"scaler": {"init_scale": 65536.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 1000}}
+    tooth = [8192.0] * 10 + [16384.0] + [8192.0] * 5 + [4096.0] * 7 + [2048.0] * 7 + [1024.0] * 10
+    assert detect_scaler_collapse(*_wandering_sawtooth(tooth), meta=meta) == []
+    fast = [8192.0] * 10 + [16384.0, 8192.0, 4096.0, 2048.0] + [1024.0] * 10
+    [collapse] = detect_scaler_collapse(*_wandering_sawtooth(fast), meta=meta)
+    assert (collapse.onset_step, collapse.evidence["halvings"]) == (46700, 4.0), collapse
+    burst = [8192.0] * 10 + [16384.0] + [8192.0] * 5 + [1024.0] * 10
+    [collapse] = detect_scaler_collapse(*_wandering_sawtooth(burst), meta=meta)
+    assert (collapse.onset_step, collapse.evidence["scale_min"]) == (47200, 1024.0), collapse  # the burst, not the overflow
+    slide = [8192.0 / 2.0 ** (k // 5) for k in range(5 * 16)]  # a halving per 500 steps, down to 0.25
+    found = detect_scaler_collapse(*_wandering_sawtooth(slide), meta=meta)
+    assert found and found[0].onset_step == 46100 and any(f.evidence["below_floor"] for f in found), found
