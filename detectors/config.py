@@ -325,7 +325,8 @@ class ScalerConfig:
         _check(self.collapse_ratio > 1, "collapse_ratio must be > 1")
         _check(self.growth_interval >= 1 and self.calibration_steps >= 0, "bad growth_interval or calibration_steps")
         _check(self.level_window > 0 and self.change_point_slack >= 0, "need level_window > 0, change_point_slack >= 0")
-        _check(0 < self.burst_over_risk < 1 and 0 < self.chain_risk < 1, "burst_over_risk and chain_risk must be in (0, 1)")
+        _check(0 < self.burst_over_risk < 1, "burst_over_risk must be in (0, 1)")
+        _check(0 < self.chain_risk < 1, "chain_risk must be in (0, 1)")
 
 
 @dataclass(kw_only=True, frozen=True)

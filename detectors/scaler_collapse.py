@@ -140,7 +140,8 @@ class ScalerScanner:
                                    "num_skipped": 0.0, "halvings": 0.0,
                                    "calibration": not self.chain_grew and since < self.cfg.calibration_steps}
             ch["last_skip"] = i
-            ch["drops"].append((since, max(round(math.log2(before / now)), 1) if now > 0 and before > 0 else 1))
+            skipped = max(round(math.log2(before / now)), 1) if now > 0 and before > 0 else 1
+            ch["drops"].append((since, skipped))
             self.drop_step.append(int(steps[i]))
             self.drop_scale.append(before)
             # The depth counts from the scale it usually overflows at; the recovery aims at the scale before.
@@ -154,7 +155,7 @@ class ScalerScanner:
                 while start > 0 and own[start] and own[start - 1] and int(steps[start]) - int(steps[start - 1]) == 1:
                     start -= 1
                 ch["first"], ch["first_lo"] = self._onset(start, i, steps)
-            ch["num_skipped"] += max(round(math.log2(before / now)), 1) if now > 0 and before > 0 else 1
+            ch["num_skipped"] += skipped
             if now < ch["min"]:
                 ch["min"], ch["min_i"] = now, i
         self.chain_prev = float(vals[-1])
@@ -163,15 +164,16 @@ class ScalerScanner:
     def _faster_than_healthy(self, ch: dict, step: int, interval: float) -> bool:
         """Whether a chain's skips came too fast for the healthy rate: for some run of its latest halvings, as many
         skips over the steps since the row before the first of them would come with probability under
-        ``chain_risk`` at one skip per growth interval (``rates``' p0; a Poisson tail). A deep tooth of a healthy sawtooth is independent overflows, each after hundreds of clean
-        steps, that happen to come before the scale could regrow: bench/calibrate.py's draw 1 had three on one run
-        logged every 100 steps (16384 -> 1024 in ~1900 steps, growth interval 1000: 4 skips where 1.9 are expected,
-        a 1-in-8 tail), three of its six false alarms. A collapse halves the scale within steps of each halving
-        (every step, every other step, pinned at the floor), also after an ordinary overflow the scale has not yet
-        regrown from (fresh seed 9881's run 097: one at 115, three in a row at 169-171). Asked only where the run's
-        metadata states its growth interval: one learned from the sawtooth is a lower bound on the real one (the
-        shortest regrowth seen, ``rates``), so its healthy rate is an upper bound that would clear real collapses,
-        and a coarse log's halvings are a lower bound on its skips."""
+        ``chain_risk`` at one skip per growth interval (``rates``' p0; a Poisson tail). A deep tooth of a healthy
+        sawtooth is independent overflows, each after hundreds of clean steps, that happen to come before the
+        scale could regrow: bench/calibrate.py's draw 1 had three on one run logged every 100 steps (16384 -> 1024
+        in ~1900 steps, growth interval 1000: 4 skips where 1.9 are expected, a 1-in-8 tail), three of its six
+        false alarms. A collapse halves the scale within steps of each halving (every step, every other step,
+        pinned at the floor), also after an ordinary overflow the scale has not yet regrown from (fresh seed
+        9881's run 097: one at 115, three in a row at 169-171). Asked only where the run's metadata states its
+        growth interval: one learned from the sawtooth is a lower bound on the real one (the shortest regrowth
+        seen, ``rates``), so its healthy rate is an upper bound that would clear real collapses, and a coarse
+        log's halvings are a lower bound on its skips."""
         if self.learn_interval:
             return True
         p0, skips = float(rates(interval, self.cfg, True)[0]), 0

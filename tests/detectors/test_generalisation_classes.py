@@ -2286,7 +2286,8 @@ def test_77_a_deep_tooth_of_a_healthy_sawtooth_is_no_collapse() -> None:
     assert (collapse.onset_step, collapse.evidence["halvings"]) == (46700, 4.0), collapse
     burst = [8192.0] * 10 + [16384.0] + [8192.0] * 5 + [1024.0] * 10
     [collapse] = detect_scaler_collapse(*_wandering_sawtooth(burst), meta=meta)
-    assert (collapse.onset_step, collapse.evidence["scale_min"]) == (47200, 1024.0), collapse  # the burst, not the overflow
+    # Dated at the burst, not at the ordinary overflow before it.
+    assert (collapse.onset_step, collapse.evidence["scale_min"]) == (47200, 1024.0), collapse
     slide = [8192.0 / 2.0 ** (k // 5) for k in range(5 * 16)]  # a halving per 500 steps, down to 0.25
     found = detect_scaler_collapse(*_wandering_sawtooth(slide), meta=meta)
     assert found and found[0].onset_step == 46100 and any(f.evidence["below_floor"] for f in found), found
