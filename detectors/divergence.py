@@ -22,7 +22,7 @@ import math
 import numpy as np
 
 from runwatch.detectors.config import DivergenceConfig, LRConfig
-from runwatch.detectors.core import MAD_TO_SIGMA, BlockBaseline, row_median, safe_log, two_level_sse
+from runwatch.detectors.core import MAD_TO_SIGMA, BlockBaseline, Grow, row_median, safe_log, two_level_sse
 from runwatch.detectors.finding import Finding, fmt_value
 from runwatch.detectors.scanner import Observations, ScanContext, own_findings
 
@@ -513,6 +513,7 @@ class DivergenceScanner:
         self.min_blocks = base.min_blocks
         self.done = 0  # blocks judged
         self.best: tuple[float, int, float] | None = None  # (median, block, sigma)
+        self.noise = Grow()  # per block: the noise a rise from it is judged in
         self.episode: dict | None = None
         self.closed: list[tuple[dict, int, bool]] = []
 
@@ -523,6 +524,13 @@ class DivergenceScanner:
         if len(med) == self.done:
             return
         meds = med.tolist()  # plain floats: the per-block test is a few comparisons
+        # The per-observation noise a rise from each new block as the best level is judged in: its own MAD, but
+        # never under the run's noise in the blocks before it. The best block is the lowest median, and a loss's
+        # spread shrinks with its level, so a block selected for its low median has a low MAD as well: a batch-1
+        # run whose block medians wander 0.2-4 (fresh seed 645321's run 140: one block at 0.16 with a MAD of 0.17
+        # among blocks with 1.3) would judge its return to its usual level in the calm block's noise.
+        _, scale = self.blocks.at(self.done * self.block, len(med) * self.block)
+        self.noise.extend(np.fmax(MAD_TO_SIGMA * mad[self.done:], scale[::self.block]))
         b = self.done
         while b < len(med):
             if self.episode is None and self.best is not None:
@@ -558,10 +566,10 @@ class DivergenceScanner:
         if self.episode is not None:
             if m <= self.best[0] + 0.5 * self._threshold():
                 self.closed.append((self.episode, b * self.block - 1, True))
-                self.episode, self.best = None, (m, b, MAD_TO_SIGMA * float(mad[b]))
+                self.episode, self.best = None, (m, b, float(self.noise.view[b]))
             return
         if self.best is None or m < self.best[0]:
-            self.best = (m, b, MAD_TO_SIGMA * float(mad[b]))
+            self.best = (m, b, float(self.noise.view[b]))
             return
         k = cfg.rising_blocks
         if b < self.min_blocks + k or b - self.best[1] < k:

@@ -2291,3 +2291,24 @@ def test_77_a_deep_tooth_of_a_healthy_sawtooth_is_no_collapse() -> None:
     slide = [8192.0 / 2.0 ** (k // 5) for k in range(5 * 16)]  # a halving per 500 steps, down to 0.25
     found = detect_scaler_collapse(*_wandering_sawtooth(slide), meta=meta)
     assert found and found[0].onset_step == 46100 and any(f.evidence["below_floor"] for f in found), found
+
+
+# 78. A loss climb is judged in the run's noise, not in the noise of the calm block it is measured from.
+
+def test_78_a_batch_1_runs_return_from_a_calm_low_block_is_no_divergence() -> None:
+    """Real CPU training, the clean twin of fresh seed 608490's run 003 (``tests/fixtures/fresh``, no fault): fp32,
+    batch 1, linear decay, 1586 steps. A batch-1 loss is one sample's: its blocks of 16 have medians that wander 0.2-5
+    and a per-step noise (1.4826 MAD) near 2. The climb rule measures a rise from the lowest block median seen (the best
+    level), in that block's own noise, and the lowest block is also a calm one (a loss's spread shrinks with its level):
+    one at 0.31 with a noise of 0.48, a fifth of the run's 2.3 in the blocks before it, made the loss's return to its
+    usual level a 'divergence from 1329, 0.3058 -> 13.24' (a warning; three of the fresh seeds' clean twins had one, one
+    of them critical). The best level's noise is now never under the run's noise in the blocks before it. Fails on
+    HEAD~1 (a divergence from 1329). Guard: the same run with its loss made to climb x1.01 a step from step 1000 is
+    still a critical divergence, dated within 32 steps of 1000."""
+    steps, cols = _fresh_run("f608490-003-twin")
+    cols.pop("time")
+    assert not [f for f in analyze(rows_table(steps, **cols)).findings if f.severity != "info"]
+    lift = np.where(steps >= 1000, 1.01 ** (steps - 1000), 1.0)
+    [div] = [f for f in analyze(rows_table(steps, **{**cols, "loss": cols["loss"] * lift})).findings
+             if f.severity != "info"]
+    assert (div.kind, div.severity) == ("divergence", "critical") and 1000 <= div.onset_step <= 1032, div
