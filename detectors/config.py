@@ -205,7 +205,9 @@ class DivergenceConfig:
     min_rise: float = 0.05
     """The climb must take the loss 5% above its best level (practical significance)..."""
     z_rise: float = 3.0
-    """...and 3 block-sigmas above it (block medians of 16 have ~1/3 of the per-step noise)."""
+    """...and 3 per-step sigmas above it: the best block's noise, never under the run's in the blocks before it
+    (test 78: the block with the lowest median is a calm one). A median of 16 has a quarter to a third of that
+    noise, so the bar is ~10 of its standard errors."""
     rising_blocks: int = 3
     """The last this-many block medians all past the rise threshold and each above the one before: still
     climbing after it got there (a spike that jumped and is coming back down is not a climb)."""
