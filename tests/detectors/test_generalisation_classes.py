@@ -2303,12 +2303,19 @@ def test_78_a_batch_1_runs_return_from_a_calm_low_block_is_no_divergence() -> No
     one at 0.31 with a noise of 0.48, a fifth of the run's 2.3 in the blocks before it, made the loss's return to its
     usual level a 'divergence from 1329, 0.3058 -> 13.24' (a warning; three of the fresh seeds' clean twins had one, one
     of them critical). The best level's noise is now never under the run's noise in the blocks before it. Fails on
-    HEAD~1 (a divergence from 1329). Guard: the same run with its loss made to climb x1.01 a step from step 1000 is
-    still a critical divergence, dated within 32 steps of 1000."""
+    HEAD~1 (a divergence from 1329). Guards: the same run with its loss made to climb x1.01 a step from step 1000 is
+    still a critical divergence, dated within 32 steps of 1000, and so is a slow climb on a steady run."""
     steps, cols = _fresh_run("f608490-003-twin")
     cols.pop("time")
     assert not [f for f in analyze(rows_table(steps, **cols)).findings if f.severity != "info"]
     lift = np.where(steps >= 1000, 1.01 ** (steps - 1000), 1.0)
     [div] = [f for f in analyze(rows_table(steps, **{**cols, "loss": cols["loss"] * lift})).findings
+             if f.severity != "info"]
+    assert (div.kind, div.severity) == ("divergence", "critical") and 1000 <= div.onset_step <= 1032, div
+    # And the floor is the run's noise, no more: on a steady run a slow climb of 10 of its sigmas over 600 steps is
+    # still a critical divergence from 1000 (a floor of 3x the run's noise misses it).
+    n = 1600
+    steady = loss_curve(n) + np.where(np.arange(n) >= 1000, 0.3 * (np.arange(n) - 1000) / 600, 0.0)
+    [div] = [f for f in analyze(rows_table(np.arange(n), loss=steady, grad_norm=grad_curve(n))).findings
              if f.severity != "info"]
     assert (div.kind, div.severity) == ("divergence", "critical") and 1000 <= div.onset_step <= 1032, div
