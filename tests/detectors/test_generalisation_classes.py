@@ -2307,15 +2307,13 @@ def test_78_a_batch_1_runs_return_from_a_calm_low_block_is_no_divergence() -> No
     still a critical divergence, dated within 32 steps of 1000, and so is a slow climb on a steady run."""
     steps, cols = _fresh_run("f608490-003-twin")
     cols.pop("time")
-    assert not [f for f in analyze(rows_table(steps, **cols)).findings if f.severity != "info"]
+    assert not _alarms(analyze(rows_table(steps, **cols)))
     lift = np.where(steps >= 1000, 1.01 ** (steps - 1000), 1.0)
-    [div] = [f for f in analyze(rows_table(steps, **{**cols, "loss": cols["loss"] * lift})).findings
-             if f.severity != "info"]
+    [div] = _alarms(analyze(rows_table(steps, **{**cols, "loss": cols["loss"] * lift})))
     assert (div.kind, div.severity) == ("divergence", "critical") and 1000 <= div.onset_step <= 1032, div
     # And the floor is the run's noise, no more: on a steady run a slow climb of 10 of its sigmas over 600 steps is
     # still a critical divergence from 1000 (a floor of 3x the run's noise misses it).
     n = 1600
     steady = loss_curve(n) + np.where(np.arange(n) >= 1000, 0.3 * (np.arange(n) - 1000) / 600, 0.0)
-    [div] = [f for f in analyze(rows_table(np.arange(n), loss=steady, grad_norm=grad_curve(n))).findings
-             if f.severity != "info"]
+    [div] = _alarms(analyze(rows_table(np.arange(n), loss=steady, grad_norm=grad_curve(n))))
     assert (div.kind, div.severity) == ("divergence", "critical") and 1000 <= div.onset_step <= 1032, div
