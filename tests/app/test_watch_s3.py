@@ -20,7 +20,7 @@ from pathlib import Path
 from runwatch.app.follow import RunFollower
 from runwatch.app.judge import judge_run
 from runwatch.data.store import Store
-from tests.app.webhook import Webhook, train_run
+from tests.app.webhook import Webhook, is_nan_page, nan_titles, train_run
 from tests.s3server import MotoS3
 
 RUNWATCH = [sys.executable, "-m", "runwatch.app.cli"]
@@ -68,20 +68,22 @@ def test_the_service_pages_once_and_resolves_on_a_bucket(moto_s3: MotoS3, tmp_pa
         time.sleep(4)  # up, and the bucket listed once
         landed = time.time()
         train_run(root, "gpt", 60, nan_at=45, ckpt_dir=ckpt)
-        (alert,) = hook.wait_for(1, timeout=60)
+        (alert,) = hook.wait_for(1, timeout=60, where=is_nan_page)
         assert alert["body"]["title"] == "[runwatch] ACTION gpt: nan" and alert["at"] > landed
         assert "onset: step 45" in alert["body"]["message"]
         train_run(root, "gpt", 30, resume=(40, ckpt / "gpt-40.pt"))
-        hook.wait_for(2, timeout=60)
+        hook.wait_for(2, timeout=60, where=is_nan_page)
         time.sleep(2)  # more listings and ticks: nothing is sent twice
-        assert hook.titles() == ["[runwatch] ACTION gpt: nan", "[runwatch] RESOLVED gpt: nan"]
+        assert nan_titles(hook) == ["[runwatch] ACTION gpt: nan", "[runwatch] RESOLVED gpt: nan"]
     finally:
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=30)
         hook.stop()
     assert proc.returncode == 0 and "listing every 0.5 s" in out and "Traceback" not in out, out
     saved = json.loads(state.read_text())
-    assert saved["counters"]["alerts"] == 1 and saved["counters"]["resolves"] == 1
+    others = [t for t in hook.titles() if not t.endswith(": nan")]  # a loaded machine's slowdown pages, if any
+    resolved = sum(t.startswith("[runwatch] RESOLVED") for t in others)
+    assert saved["counters"]["alerts"] == 1 + len(others) - resolved and saved["counters"]["resolves"] == 1 + resolved
     assert os.environ["AWS_SECRET_ACCESS_KEY"] not in state.read_text() + out  # no credential printed or stored
 
 
@@ -94,7 +96,7 @@ def test_once_on_a_bucket_pages_once_per_finding(moto_s3: MotoS3, tmp_path: Path
             out = subprocess.run([*RUNWATCH, "watch", "--root", root, "--once", "--notify", hook.url, "--state",
                                   str(state)], capture_output=True, text=True, timeout=180, env=dict(os.environ))
             assert out.returncode == 1, out.stdout + out.stderr
-        assert hook.titles() == ["[runwatch] ACTION gpt: nan"]
+        assert nan_titles(hook) == ["[runwatch] ACTION gpt: nan"]
     finally:
         hook.stop()
 
@@ -120,6 +122,6 @@ def test_ack_and_silence_on_a_bucket_reach_check_and_watch(moto_s3: MotoS3, tmp_
     try:
         once = cli("watch", "--root", root, "--once", "--notify", hook.url, "--state", str(tmp_path / "state.json"))
         assert once.returncode == 1, once.stderr
-        assert [t for t in hook.titles() if t.endswith(": nan")] == []
+        assert nan_titles(hook) == []
     finally:
         hook.stop()

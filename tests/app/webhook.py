@@ -85,6 +85,16 @@ class Webhook:
         raise AssertionError(f"expected {count} message(s) within {timeout} s, got {self.titles()}")
 
 
+def nan_titles(hook: Webhook) -> list[str]:
+    """The titles of the NaN's pages. A run trained here is timed by real wall time, so on a loaded machine it
+    can also get a slowdown page; tests about a NaN's paging judge the NaN's pages (and count any others)."""
+    return [t for t in hook.titles() if t.endswith(": nan")]
+
+
+def is_nan_page(message: dict) -> bool:
+    return message["body"]["title"].endswith(": nan")
+
+
 def train_run(root: Path, run: str, steps: int, *, nan_at: int | None = None, resume: tuple[int, Path] | None = None,
               ckpt_dir: Path | None = None, save_every: int = 20, finished: bool = False, seed: int = 0) -> Monitor:
     """Train a tiny GPT for ``steps`` steps under ``Monitor`` (a NaN gradient at ``nan_at`` poisons the
