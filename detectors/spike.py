@@ -196,9 +196,8 @@ class SpikeScanner:
         trigger = None
         for j in np.flatnonzero(hit):
             i = lo + int(j)
-            fired = next((c for c in range(len(self.bank)) if past[c][j]), None)
-            if fired is not None:
-                trigger, rule, zero = i, self.bank[fired][2], sums[fired][1]
+            if any(p[j] for p in past):
+                trigger, (rule, zero) = i, self._change_point(sums, past, j, i)
                 break
             # A single observation must also pass the run's own tail (heavy-tailed runs raise the bar).
             self._note_scanned(lo, i, zl_c, zg_c, warm)
@@ -217,8 +216,28 @@ class SpikeScanner:
             return
         onset = self.streak if self.streak is not None else trigger
         if rule != "shewhart":  # a CUSUM's change point: the observation after its last zero
-            onset = min(onset, int(zero[trigger - lo]) + 1)
+            onset = min(onset, zero + 1)
         self._open(max(onset, self.floor), trigger, rule, loss, int(np.argmax([zl_c[trigger - lo], zg_c[trigger - lo]])))
+
+    def _change_point(self, sums: list[tuple[np.ndarray, np.ndarray]], past: list[np.ndarray], j: int,
+                      i: int) -> tuple[str, int]:
+        """(rule, last zero) of the CUSUM that dates the shift, among those of the bank past their decision interval
+        at row ``j`` of this pass (row ``i`` of the segment). Each CUSUM's last zero is its own estimate of where the
+        shift began; when two alarm at once they disagree (the slow one's zero lies further back). The members
+        differ only in their reference value ``k``, so they sum the same clipped residuals: ``S`` over the ``m``
+        rows since a zero is that CUSUM's sum plus ``k m``, and the generalised likelihood ratio of a shift of
+        unknown size from there, ``S^2 / 2m`` (Siegmund and Venkatraman 1995), picks the zero that explains the
+        rows best: a burst of far-out rows after a drift the slow one had been summing is dated at the burst
+        (fresh seed 9881's run 107: a five-step bad batch at step 401, dated 354 by the slow CUSUM's zero). One
+        that alarms alone dates it, so a gradual rise keeps its early start."""
+        best = None
+        for (s, zero), fired, (k, _, rule) in zip(sums, past, self.bank):
+            m = i - int(zero[j])
+            if fired[j] and m > 0:
+                glr = (s[j] + k * m) ** 2 / m
+                if best is None or glr > best[0]:
+                    best = (glr, rule, int(zero[j]))
+        return best[1], best[2]
 
     def _guarded(self, level: np.ndarray, lo: int, n: int) -> np.ndarray:
         """The level the CUSUM judges against: the lower of ``level`` and the level ``cusum_guard`` observations
@@ -404,7 +423,7 @@ class SpikeScanner:
         lo but after the episode's trigger: what the tests of a second incident read each new observation against
         (the episode's own last observations). None when no observation in lo..n-1 has that many before it."""
         w = 2 * self.cfg.recovery_obs
-        a = max(lo - w, ep.trigger + 1)
+        a = max(lo - w, ep.onset)
         if n - a <= w:
             return None
         zl, zg = self.residuals(ep, loss, a, n)
