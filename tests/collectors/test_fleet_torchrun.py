@@ -74,7 +74,7 @@ def test_a_slowed_rank_is_the_straggler(tmp_path: Path) -> None:
     _run_job(root, "slow", "slow", "--steps", "380", "--at", "160", "--seconds", "0.012")
     report, meta = _judge(root, "slow")
     assert meta["hosts"] == {"0": {"0": HOST, "1": HOST}} and meta["replicated_grads"] is True
-    found = _fleet(report, "straggler")
+    found = _alarms(report, "straggler")  # a loaded machine can add a true 'info' note on rank 0 (see ``_alarms``)
     assert [(f.rank, f.host, f.evidence["section"]) for f in found] == [(1, HOST, "forward")]
     assert 128 <= found[0].onset_step <= 192 and found[0].evidence["cost"] > 0.1
     # No stall alarm: a host hiccup of a second on the loaded machine is a true 'info' stall note (a CI run with
@@ -100,14 +100,16 @@ def test_a_paused_rank_is_named_while_it_hangs_and_afterwards(tmp_path: Path) ->
                 report, _ = _judge(root, "pause", live)
             except ValueError:  # no metrics flushed yet
                 continue
-            seen = [f for f in _fleet(report, "stall") if f.evidence.get("live")]
+            # The injected pause (after step 149); a loaded machine's own hiccup of a few seconds earlier can be a
+            # true live stall too, and is not the one judged.
+            seen = [f for f in _fleet(report, "stall") if f.evidence.get("live") and f.onset_step >= 149]
     finally:
         out, _ = proc.communicate(timeout=240)
     assert proc.returncode == 0, out[-3000:]
     assert [(f.rank, f.host, f.onset_step, f.evidence["waiting_ranks"]) for f in seen] == [(1, HOST, 149, [0])]
     assert seen[0].needs_action and "rank(s) 0 wait for it" in seen[0].message
     report, _ = _judge(root, "pause")
-    stalls = _fleet(report, "stall")
+    stalls = [f for f in _fleet(report, "stall") if f.evidence["gap_s"] > 5]  # the 10 s pause, not a host hiccup
     assert [(f.rank, f.onset_step, f.end_step, f.self_recovered) for f in stalls] == [(1, 149, 150, True)]
     assert stalls[0].evidence["gap_s"] > 9.5 and report.health in ("healthy", "watching")
     assert not _alarms(report, "straggler")  # one pause is not a slow node

@@ -52,10 +52,11 @@ def test_forward_and_input_wait_are_timed_without_a_sync(tmp_path: Path) -> None
     assert syncs.calls == [] and mon.num_errors == 0
     with Store(tmp_path) as store:
         rows = store.rows("timed").to_pylist()
-    # Two training forwards of 0.1 s each; the 0.5 s evaluation forward is not counted.
-    assert all(0.2 <= r["forward_time"] < 0.45 for r in rows)
+    # Two training forwards of 0.1 s each; the 0.5 s evaluation forward is not counted (with it: 0.7 s and more).
+    # The upper bounds leave room for a loaded machine's late wake-ups, not for the other passes.
+    assert all(0.2 <= r["forward_time"] < 0.65 for r in rows)
     # The 0.03 s wait before the first forward of each step, without the forward passes (0.2 s) in it.
-    assert rows[0]["data_time"] is None and all(0.03 <= r["data_time"] < 0.15 for r in rows[1:])
+    assert rows[0]["data_time"] is None and all(0.03 <= r["data_time"] < 0.2 for r in rows[1:])
 
 
 def test_the_heartbeat_says_how_far_the_rank_got(tmp_path: Path) -> None:
@@ -67,10 +68,13 @@ def test_the_heartbeat_says_how_far_the_rank_got(tmp_path: Path) -> None:
     mon.step(0, loss=torch.tensor(2.0))
     inputs = next(batches)[:, :-1]
     model(inputs)  # the next forward pass began and ended; the rank now waits (backward, a collective)
+    waiting = time.time()
     time.sleep(0.35)
     beat = read_heartbeats(tmp_path, "beat")[(0, 0)]
     assert (beat["step"], beat["phase"], beat["rank"], beat["every_s"]) == (0, "backward", 0, 0.1)
-    assert time.time() - beat["time"] < 0.3 and beat["phase_time"] < beat["time"]
+    # It kept beating while the rank waited (a beat written during the wait: a loaded machine may delay one, not
+    # all of them), and it says when the phase began.
+    assert beat["time"] > waiting and beat["phase_time"] < beat["time"]
     mon.close()
     assert read_heartbeats(tmp_path, "beat")[(0, 0)]["phase"] == "closed"
 

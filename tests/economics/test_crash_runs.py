@@ -13,8 +13,10 @@ from runwatch.app.advise import checkpoint_advice
 from runwatch.data.store import Store
 from tests.economics.crashrun import CrashPlan, Truth, train_with_crashes
 
-TOL_S = 0.03
-"""Seconds: the harness reads the clock right after ``mon.step`` returns, Monitor just before."""
+TOL_S = 0.08
+"""Seconds: the harness reads the clock right after ``mon.step`` returns, Monitor just before, so the two differ by
+``mon.step``'s own time, tens of milliseconds when a loaded machine preempts it; still under half of the smallest
+quantity judged (a save's 0.2 s pause)."""
 
 
 @pytest.fixture(scope="module")
