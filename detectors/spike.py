@@ -234,7 +234,7 @@ class SpikeScanner:
         for (s, zero), fired, (k, _, rule) in zip(sums, past, self.bank):
             m = i - int(zero[j])
             if fired[j] and m > 0:
-                glr = (s[j] + k * m) ** 2 / m
+                glr = (s[j] + k * m) ** 2 / (2 * m)
                 if best is None or glr > best[0]:
                     best = (glr, rule, int(zero[j]))
         return best[1], best[2]
@@ -420,8 +420,9 @@ class SpikeScanner:
 
     def _recent(self, ep: Episode, loss: np.ndarray, lo: int, n: int) -> tuple[int, np.ndarray, np.ndarray] | None:
         """The residuals (loss, gradient norm) from row ``a`` to n-1, where ``a`` is ``2 * recovery_obs`` rows before
-        lo but after the episode's trigger: what the tests of a second incident read each new observation against
-        (the episode's own last observations). None when no observation in lo..n-1 has that many before it."""
+        lo but not before the episode's onset: what the tests of a second incident read each new observation against
+        (the episode's own last observations; its rows before a CUSUM's alarm are its own too, test 79). None when
+        no observation in lo..n-1 has that many before it."""
         w = 2 * self.cfg.recovery_obs
         a = max(lo - w, ep.onset)
         if n - a <= w:
