@@ -135,7 +135,7 @@ def _climb(main: dict[str, np.ndarray], before_step: int, cfg: AdviceConfig, lrc
     a, b = a[np.isfinite(a)], b[np.isfinite(b)]
     if not len(a) or not len(b) or np.median(a) <= 0:
         return None
-    if loss_fell_through(main["loss"][i:j], cfg.learning_obs, cfg.learning_z):
+    if loss_fell_through(main["loss"][i:j], cfg.learning_obs, cfg.learning_z, cfg.learning_fall):
         return None
     # Grown the ratio, and beyond the noise of the two medians: on a batch-1 log the activation norm's medians of
     # 8 stray by 20% and more (seed 837336's run 033: a natural drift read as x1.6, and the checkpoint before a

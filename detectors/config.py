@@ -488,12 +488,17 @@ class AdviceConfig:
     learning_obs: int = 16
     """...nor is a climb the loss fell through: norms grow as a model learns (early training takes the final
     layer's activations several-fold up while the loss falls), and OPT's precursor is growth that buys nothing,
-    before a loss that stalls or rises. The loss's median over the first and over the last 16 observations of
-    the climb (the baselines' block) are compared..."""
+    before a loss that stalls or rises. The loss's median over the first and over the last quarter of the climb,
+    at least 16 observations each (the baselines' block), are compared..."""
     learning_z: float = 3.0
     """...and a fall of 3 standard errors of their difference (``DivergenceConfig.growth_z``, the bar a norm's
     climb itself must clear) is learning. Seed 260854's run 087: the activation norm grew 1.7 -> 5.1 as the loss
     fell 4.0 -> 3.07 after the warm-up, and every checkpoint before a scaler collapse at step 321 was refused."""
+    learning_fall: float = 0.01
+    """...and a fall of at least 1% of the loss level, for the same practical reason as the spike's ``min_rise``:
+    over quarters of a long climb the standard error shrinks until the slow descent of late training (a fraction
+    of a percent over hundreds of steps) is significant, and norms that double while the loss buys so little are
+    OPT's precursor still. The precursor finding asks the same (``divergence.loss_fell_through``)."""
     resume_obs: int = 8
     """A checkpoint inside an incident that came back by itself is a healthy resume point only if the median of the
     first 8 losses computed from it (the spike's ``recovery_obs``) was back in the incident's band..."""
@@ -514,6 +519,7 @@ class AdviceConfig:
     def __post_init__(self) -> None:
         _check(self.learning_obs >= 2 and self.learning_z > 0 and self.act_climb_z > 0,
                "need learning_obs >= 2, learning_z > 0 and act_climb_z > 0")
+        _check(0 <= self.learning_fall < 1, f"learning_fall must be in [0, 1), got {self.learning_fall}")
         _check(self.resume_obs >= 1 and self.resume_band > 0, "need resume_obs >= 1 and resume_band > 0")
 
 

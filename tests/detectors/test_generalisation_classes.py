@@ -2379,3 +2379,24 @@ def test_80_guard_a_sustained_shift_keeps_its_start(shift: float) -> None:
     [found] = analyze(rows_table(steps, loss=loss_curve(n) + np.where(steps >= 800, shift, 0.0),
                                  grad_norm=grad_curve(n))).findings
     assert (found.kind, found.onset_step) == ("spike", 800), found
+
+
+# 81. A norm climb the loss fell through is learning, judged with the power the climb's length gives.
+
+def test_81_a_noisy_runs_learning_is_no_precursor_and_the_checkpoint_before_a_collapse_is_advised() -> None:
+    """Real CPU training, fresh seed 795446's run 039: fp16, batch 3, a 41-step warm-up; the activation norm grows
+    2.6 -> 6.6 over steps 42-247 as the model learns (the loss 3.9 -> 3.1, its step-to-step noise ~0.7), then the
+    loss scale collapses from 248 (every other step skipped). The walk back asked whether the loss fell through
+    the climb on 16 values at each end: 1.9 standard errors, not learning, so every checkpoint after 41 was
+    refused ("activation-norm growth from step 42") and the advice threw away 200 steps of healthy training.
+    On quarters of the climb the fall is 5.6 standard errors and 20% of the loss: the advice is checkpoint 246.
+    Fails on HEAD~1 (checkpoint 41). Guards: a norm that doubles while the loss falls under 1% is still OPT's
+    precursor, however significant the fall over a long climb (``test_advisor_walkback``'s climb over 750
+    steps; test 37's LR ramp, whose seed 4 lost its alarm to quarters without the floor)."""
+    steps, cols = _fresh_run("f795446-039")
+    events = json.loads((FIXTURES / "fresh" / "f795446-039-checkpoints.json").read_text())
+    report = analyze(rows_table(steps, **cols), events_table(events))
+    [collapse] = [f for f in report.findings if f.needs_action]
+    assert (collapse.kind, collapse.onset_step) == ("scaler_collapse", 248), collapse
+    assert report.rollback is not None and report.rollback.checkpoint_step == 246, report.rollback.reason
+    assert "act_norm_growth_from" not in report.rollback.evidence, report.rollback.evidence
