@@ -20,7 +20,7 @@ from pathlib import Path
 from runwatch.app.follow import RunFollower
 from runwatch.app.judge import judge_run
 from runwatch.data.store import Store
-from tests.app.webhook import Webhook, is_nan_page, nan_titles, train_run
+from tests.app.webhook import Webhook, is_nan_page, is_nan_title, nan_titles, train_run
 from tests.s3server import MotoS3
 
 RUNWATCH = [sys.executable, "-m", "runwatch.app.cli"]
@@ -81,7 +81,7 @@ def test_the_service_pages_once_and_resolves_on_a_bucket(moto_s3: MotoS3, tmp_pa
         hook.stop()
     assert proc.returncode == 0 and "listing every 0.5 s" in out and "Traceback" not in out, out
     saved = json.loads(state.read_text())
-    others = [t for t in hook.titles() if not t.endswith(": nan")]  # a loaded machine's slowdown pages, if any
+    others = [t for t in hook.titles() if not is_nan_title(t)]  # a loaded machine's slowdown pages, if any
     resolved = sum(t.startswith("[runwatch] RESOLVED") for t in others)
     assert saved["counters"]["alerts"] == 1 + len(others) - resolved and saved["counters"]["resolves"] == 1 + resolved
     assert os.environ["AWS_SECRET_ACCESS_KEY"] not in state.read_text() + out  # no credential printed or stored

@@ -85,14 +85,19 @@ class Webhook:
         raise AssertionError(f"expected {count} message(s) within {timeout} s, got {self.titles()}")
 
 
-def nan_titles(hook: Webhook) -> list[str]:
-    """The titles of the NaN's pages. A run trained here is timed by real wall time, so on a loaded machine it
-    can also get a slowdown page; tests about a NaN's paging judge the NaN's pages (and count any others)."""
-    return [t for t in hook.titles() if t.endswith(": nan")]
+def is_nan_title(title: str) -> bool:
+    """A page about a NaN. A run trained here is timed by real wall time, so on a loaded machine it can also get a
+    slowdown page; tests about a NaN's paging judge the NaN's pages (and count any others)."""
+    return title.endswith(": nan")
 
 
 def is_nan_page(message: dict) -> bool:
-    return message["body"]["title"].endswith(": nan")
+    return is_nan_title(message["body"]["title"])
+
+
+def nan_titles(hook: Webhook) -> list[str]:
+    """The titles of the NaN's pages, in the order received."""
+    return [t for t in hook.titles() if is_nan_title(t)]
 
 
 def train_run(root: Path, run: str, steps: int, *, nan_at: int | None = None, resume: tuple[int, Path] | None = None,
