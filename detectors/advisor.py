@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 
 from runwatch.detectors.config import AdviceConfig, LRConfig
-from runwatch.detectors.divergence import act_growth_start, answers_the_schedule, loss_fell_through, median_shift_se
+from runwatch.detectors.divergence import act_growth_start, answers_the_schedule, precursor_grown
 from runwatch.detectors.finding import Finding, Rollback, SegmentInfo
 from runwatch.detectors.registry import NO_ROLLBACK_KINDS
 
@@ -131,17 +131,7 @@ def _climb(main: dict[str, np.ndarray], before_step: int, cfg: AdviceConfig, lrc
     if start is None:
         return None
     i, j = int(np.searchsorted(steps, start)), int(np.searchsorted(steps, before_step))
-    a, b = act[max(i - 8, 0):i + 1], act[max(j - 8, i):j]
-    a, b = a[np.isfinite(a)], b[np.isfinite(b)]
-    if not len(a) or not len(b) or np.median(a) <= 0:
-        return None
-    if loss_fell_through(main["loss"][i:j], cfg.learning_obs, cfg.learning_z, cfg.learning_fall):
-        return None
-    # Grown the ratio, and beyond the noise of the two medians: on a batch-1 log the activation norm's medians of
-    # 8 stray by 20% and more (seed 837336's run 033: a natural drift read as x1.6, and the checkpoint before a
-    # NaN refused).
-    grown = float(np.median(b) / np.median(a)) >= cfg.act_climb_ratio
-    return start if grown and median_shift_se(np.log(a), np.log(b)) >= cfg.act_climb_z else None
+    return start if precursor_grown(act, main["loss"], i, j, cfg) else None
 
 
 def _not_the_schedules(growth: int | None, main: dict[str, np.ndarray], lrc: LRConfig) -> int | None:

@@ -21,7 +21,7 @@ import math
 
 import numpy as np
 
-from runwatch.detectors.config import DivergenceConfig, LRConfig
+from runwatch.detectors.config import AdviceConfig, DivergenceConfig, LRConfig
 from runwatch.detectors.core import MAD_TO_SIGMA, BlockBaseline, Grow, row_median, safe_log, two_level_sse
 from runwatch.detectors.finding import Finding, fmt_value
 from runwatch.detectors.scanner import Observations, ScanContext, own_findings
@@ -290,8 +290,11 @@ def lr_rise_start(steps: np.ndarray, lr: np.ndarray, onset: int, lrc: LRConfig, 
             lo = max(start, onset - lookback)
             continue
         # The warm-up's own rise: its first raised row inside the warm-up (the row before a burst may be its last).
-        if k >= top or not lr[idx[top]] >= lrc.raise_factor * lr[low] or in_warmup(steps, lr, int(steps[idx[k + 1]]), lrc):
+        if k < top and in_warmup(steps, lr, int(steps[idx[k + 1]]), lrc):
             return None
+        if k >= top or not lr[idx[top]] >= lrc.raise_factor * lr[low]:  # no rise over the low: off the path?
+            ramp = off_path_rise(steps[idx], lr[idx], at, len(idx) - 1, lrc)
+            return None if ramp is None else int(idx[ramp])
         first = int(idx[k + 1])
         if warm_restart(lr, low, first, trained_level(steps[:low + 1], lr[:low + 1], lrc), lrc):
             lo = first  # a warm restart: look for a rise after it
@@ -311,23 +314,60 @@ def rise_began(at: np.ndarray, v: np.ndarray, low: int, lo: int, lrc: LRConfig) 
     row is ``low``: the row after the last kink (``LRConfig.kink``) in the slope of log LR at or before the rise's
     first interval, or after the first of consecutive kinks ending there, looked for back to row ``lo``; ``low + 1``
     when there is none."""
+    kink = last_kink(at, v, low, lo, lrc)
+    return low + 1 if kink is None else kink[0]
+
+
+def last_kink(at: np.ndarray, v: np.ndarray, low: int, lo: int, lrc: LRConfig) -> tuple[int, float] | None:
+    """(first row after it, the slope of log LR per step before it) of the last kink (``LRConfig.kink``: the slope
+    steps up past ``kink`` x its largest change over the ``kink_rows`` rows before) in the intervals from row ``lo``
+    to row ``low + 1``, walked back over consecutive kinks (a bend over two rows: a ramp that began between two
+    logged rows); None without one. Indices into ``at``/``v``, the rows of a finite, positive LR."""
     a = max(lo, 0)
     if low - a < 1:
-        return low + 1
+        return None
     with np.errstate(divide="ignore", invalid="ignore"):
         rate = np.diff(np.log(v[a:low + 2])) / np.maximum(np.diff(at[a:low + 2]), 1)  # interval i: row a+i -> a+i+1
     jump = np.diff(rate)  # jump[i - 1]: the slope's change from interval i - 1 to interval i
 
-    def kink(i: int) -> bool:  # the slope steps up into interval i
-        before = np.abs(jump[max(0, i - 1 - lrc.kink_rows):i - 1])
-        return bool(jump[i - 1] > max(lrc.kink * float(before.max()) if len(before) else 0.0, KINK_FLOOR))
+    def kink(i: int) -> bool:  # the slope steps up into interval i, against its changes over the kink_rows before
+        before = np.abs(jump[i - 1 - lrc.kink_rows:i - 1])
+        return bool(jump[i - 1] > max(lrc.kink * float(before.max()), KINK_FLOOR))
 
-    i = next((i for i in range(len(rate) - 1, 0, -1) if kink(i)), None)
+    # Only where kink_rows changes before it are there to judge by: at the search's first rows any bend of a
+    # smooth schedule would pass (a cosine flattening into its floor bends its slope up on every row).
+    i = next((i for i in range(len(rate) - 1, lrc.kink_rows, -1) if kink(i)), None)
     if i is None:
-        return low + 1
-    while i > 1 and kink(i - 1):  # a bend over consecutive rows (a ramp that began between two logged rows)
+        return None
+    while i > lrc.kink_rows + 1 and kink(i - 1):
         i -= 1
-    return a + i + 1
+    return a + i + 1, float(np.median(rate[max(0, i - lrc.kink_rows):i]))
+
+
+def off_path_rise(at: np.ndarray, v: np.ndarray, onset: int, end: int, lrc: LRConfig) -> int | None:
+    """Index (into ``at``/``v``, the rows of a finite, positive LR) of the first row of a ramp riding a decaying
+    schedule, or None: the last kink in log LR's slope (``last_kink``) by the onset, with the LR ``raise_factor`` x
+    above the schedule's path at a row from the onset to ``end``, the path being log LR's slope before the kink
+    carried forward. A multiplicative ramp on a decaying cosine lifts the LR off that path while the logged LR still
+    falls (fresh seed 495323's run 039: x1.005 a step from 899 on a cosine falling 0.35% a step, no row above an
+    earlier one, x2.5 off the path by the last row), so no rise over its lowest point shows. Cosine and linear
+    decay steepen their log slope as they go, so their own LR falls below the path; one that flattens (a cosine
+    into its floor) rises above it in time, but bends smoothly, with no kink to start from."""
+    kink = last_kink(at, v, onset - 1, 0, lrc)
+    if kink is None:
+        return None
+    first, slope = kink
+    base = first - 1
+    with np.errstate(divide="ignore", invalid="ignore"):
+        path = np.log(v[base]) + slope * (at[onset:end + 1] - at[base])
+        lifted = np.log(v[onset:end + 1]) - path  # still off the path from the onset on: a rise that runs into it
+        off = np.flatnonzero(lifted >= math.log(lrc.raise_factor))
+        if not len(off):
+            return None
+        # Off the path all the way: a burst that ended with a step back down (by ``raise_factor`` in one row) left
+        # it, and a later lift is another cause's (test 75: a burst x150 at 690, then a ramp from 920).
+        held = v[first:onset + int(off[0]) + 1]
+        return None if np.any(held[1:] * lrc.raise_factor <= held[:-1]) else first
 
 
 LR_BEFORE_ROWS = 16
@@ -406,7 +446,7 @@ def lr_jump_inside(steps: np.ndarray, lr: np.ndarray, onset: int, until: int, lr
 
 
 def cause_start(steps: np.ndarray, obs: Observations, onset: int, history: int, cfg: DivergenceConfig,
-                lrc: LRConfig, until: int | None = None) -> tuple[int, dict]:
+                lrc: LRConfig, advice: AdviceConfig, until: int | None = None) -> tuple[int, dict]:
     """Move an onset (an index) back to where the trend broke: the gradient or activation norm began growing
     into it (after the opening warm-up), or the learning rate began rising into it, by the excursion's peak
     ``until`` (DETECTION.md section 5: the change point, not the step where the loss crossed a line). Never
@@ -425,8 +465,11 @@ def cause_start(steps: np.ndarray, obs: Observations, onset: int, history: int, 
     answer = int(steps[first_consequence(steps, rise)]) if rise is not None else None
     if answer is not None and answer >= floor:
         # The LR rise is the cause and its first consequence the onset: a norm "growing" before its cause is the
-        # hinge fit's error, not an earlier break.
-        act, grad = (None if s is None or s < answer else s for s in (act, grad))
+        # hinge fit's error, not an earlier break, unless it had grown into a precursor of its own by then
+        # (``precursor_grown``: test 75's guard, a climb from 400, a burst at 690, a ramp from 920).
+        act, grad = (s if s is not None and (s >= answer or precursor_grown(
+            obs[key], obs["loss"], int(np.searchsorted(steps, s)), int(np.searchsorted(steps, answer)), advice))
+            else None for key, s in (("act_norm", act), ("grad_norm", grad)))
     first = min([at] + [s for s in (act, grad, answer) if s is not None and s >= floor])
     return int(np.searchsorted(steps, first)), {"act_norm_climb_step": act, "grad_norm_climb_step": grad,
                                                 "lr_rise_step": lr_step}
@@ -452,6 +495,24 @@ def _after_burst(steps: np.ndarray, values: np.ndarray, start: int | None, at: i
             risen = median_shift_se(logs[max(0, i - BLOCK_ROWS):i], logs[max(i, j - BLOCK_ROWS):j]) >= growth_z
             return start if risen else hit
     return start
+
+
+def precursor_grown(values: np.ndarray, loss: np.ndarray, i: int, j: int, advice: AdviceConfig) -> bool:
+    """Has a norm climbing from row ``i`` grown into OPT's precursor by row ``j``: its median over the 8 rows before
+    ``j`` ``advice.act_climb_ratio`` x its median over the 8 rows up to ``i``, by ``advice.act_climb_z`` standard
+    errors of the two medians, with the loss not falling through the climb (``loss_fell_through``: norms grow as a
+    model learns)? The advice's walk back and the onset of a divergence ask the same."""
+    a, b = values[max(i - 8, 0):i + 1], values[max(j - 8, i):j]
+    a, b = a[np.isfinite(a)], b[np.isfinite(b)]
+    if not len(a) or not len(b) or np.median(a) <= 0:
+        return False
+    if loss_fell_through(loss[i:j], advice.learning_obs, advice.learning_z, advice.learning_fall):
+        return False
+    # Grown the ratio, and beyond the noise of the two medians: on a batch-1 log the activation norm's medians of
+    # 8 stray by 20% and more (seed 837336's run 033: a natural drift read as x1.6, and the checkpoint before a
+    # NaN refused).
+    grown = float(np.median(b) / np.median(a)) >= advice.act_climb_ratio
+    return grown and median_shift_se(np.log(a), np.log(b)) >= advice.act_climb_z
 
 
 def warmup_end(steps: np.ndarray, lr: np.ndarray, lrc: LRConfig) -> int | None:
@@ -612,7 +673,7 @@ class DivergenceScanner:
         jump = lr_jump_inside(steps, lr, ep["onset"], ep["confirm"], self.ctx.config.lr, self.ctx.history)
         start = first_consequence(steps, jump) if jump is not None else ep["onset"]
         onset, growth = cause_start(steps, obs, start, self.ctx.history, self.cfg, self.ctx.config.lr,
-                                    until=ep["confirm"])
+                                    self.ctx.config.advice, until=ep["confirm"])
         best, best_b, sigma = ep["best"]
         before = slice(best_b * self.block, (best_b + 1) * self.block)
         during = slice(onset, end + 1)

@@ -789,7 +789,7 @@ def classify(sc: SpikeScanner, ep: Episode, obs: Observations) -> Finding | None
                         climbing=bool(se >= sc.ctx.config.divergence.growth_z))
     if recovered is False or lr_story["lr_still_raised"]:  # a divergence's onset is where the trend broke
         at, growth = cause_start(steps, obs, onset, sc.ctx.history, sc.ctx.config.divergence, sc.ctx.config.lr,
-                                 until=peak_i)
+                                 sc.ctx.config.advice, until=peak_i)
         evidence.update(growth, trend_break_step=int(steps[at]))
     return Finding(kind="spike", onset_step=int(steps[onset]), end_step=int(steps[end]), peak_step=int(steps[peak_i]),
                    segment=sc.ctx.segment, severity=severity, self_recovered=recovered, needs_action=needs,

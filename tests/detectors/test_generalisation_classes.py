@@ -831,6 +831,13 @@ def _fresh_run(name: str) -> tuple[np.ndarray, dict[str, np.ndarray]]:
                    np.array([float(r[k]) for r in rows]) for k in rows[0] if k != "step"}
 
 
+def _fresh_report(name: str) -> Report:
+    """``analyze`` of a fresh run kept in ``tests/fixtures/fresh`` with its checkpoints (``<name>-checkpoints.json``)."""
+    steps, cols = _fresh_run(name)
+    return analyze(rows_table(steps, **cols), events_table(json.loads((FIXTURES / "fresh" / f"{name}-checkpoints.json")
+                                                                      .read_text())))
+
+
 # 26. The schedule's warm restart inside an excursion is not the LR jump that caused it.
 
 def test_26_a_warm_restart_before_the_burst_is_not_the_divergences_onset() -> None:
@@ -842,9 +849,7 @@ def test_26_a_warm_restart_before_the_burst_is_not_the_divergences_onset() -> No
     400 (the last before 405, the last logged step before the onset). Fails on 7a8f328 (onset 396, checkpoint
     320). The burst is over by 409 and the loss jumped and stayed up: an unrecovered spike (DETECTION.md section
     5), as the fresh set's labeller calls it, not a divergence (test 40)."""
-    steps, cols = _fresh_run("f247925-027")
-    events = json.loads((FIXTURES / "fresh" / "f247925-027-checkpoints.json").read_text())
-    report = analyze(rows_table(steps, **cols), events_table(events))
+    report = _fresh_report("f247925-027")
     [exc] = [f for f in report.findings if f.kind in ("spike", "divergence")]
     assert (exc.kind, exc.onset_step, exc.self_recovered) == ("spike", 406, False), exc
     assert report.rollback is not None and report.rollback.checkpoint_step == 400, report.rollback
@@ -1316,9 +1321,7 @@ def test_43_a_divergence_begins_no_earlier_than_the_lr_rise_that_caused_it() -> 
     at 703, before the ramp: with the climb read as a divergence (test 42), that moved the onset to 703 and the
     advice to checkpoint 663, one interval early. The LR rise is the cause, so its first consequence bounds the
     onset: 716, advice 714, one incident. Fails without the bound in ``cause_start`` (onset 703, checkpoint 663)."""
-    steps, cols = _fresh_run("f372696-085")
-    events = json.loads((FIXTURES / "fresh" / "f372696-085-checkpoints.json").read_text())
-    report = analyze(rows_table(steps, **cols), events_table(events))
+    report = _fresh_report("f372696-085")
     [div] = [f for f in report.findings if f.kind in ("spike", "divergence")]
     assert (div.kind, div.onset_step) == ("divergence", 716), div
     assert report.rollback is not None and report.rollback.checkpoint_step == 714, report.rollback
@@ -1332,9 +1335,7 @@ def test_44_a_noisy_norms_drift_does_not_refuse_the_checkpoint_before_a_nan() ->
     medians of 8 stray by 20% and more: 8 rows after 326 against 8 before read as x1.6, a "climb", and checkpoint
     350 was refused for 325. The climb must also stand 3 standard errors out of the two medians' noise
     (``AdviceConfig.act_climb_z``; here ~2): advice 350, the last checkpoint before 371. Fails on a551057 (325)."""
-    steps, cols = _fresh_run("f837336-033")
-    events = json.loads((FIXTURES / "fresh" / "f837336-033-checkpoints.json").read_text())
-    report = analyze(rows_table(steps, **cols), events_table(events))
+    report = _fresh_report("f837336-033")
     assert [(f.kind, f.onset_step) for f in report.findings if f.needs_action] == [("nan", 373)], report.findings
     assert report.rollback is not None and report.rollback.checkpoint_step == 350, report.rollback
 
@@ -1546,9 +1547,7 @@ def test_50_an_exponential_norm_climb_is_found_from_its_start() -> None:
     slopes, and an exponential's grow so fast that it stopped after the last two blocks: no climb, no finding
     above 'info', no advice (the labelled divergence from 430 wants checkpoint 418). A norm grows by ratios, so
     the walk is on log values: a critical divergence (OPT's precursor) and checkpoint 418. Fails on 0aa249d."""
-    steps, cols = _fresh_run("f122814-120")
-    events = json.loads((FIXTURES / "fresh" / "f122814-120-checkpoints.json").read_text())
-    report = analyze(rows_table(steps, **cols), events_table(events))
+    report = _fresh_report("f122814-120")
     [div] = [f for f in report.findings if f.kind == "divergence"]
     assert div.severity == "critical" and "precursor" in div.message and 430 <= div.onset_step <= 460, div
     assert report.rollback is not None and report.rollback.checkpoint_step == 418, report.rollback
@@ -1580,9 +1579,7 @@ def test_52_a_spike_on_a_rising_lr_ramp_reads_the_lr_from_the_ramps_start() -> N
     advice (the labelled divergence from 1072 wants checkpoint 976). Read from where the ramp left the schedule's
     path, the LR is x22 and still raised: a critical divergence from the ramp's first loss, advice 976. Fails on
     539bd87."""
-    steps, cols = _fresh_run("f371818-139")
-    events = json.loads((FIXTURES / "fresh" / "f371818-139-checkpoints.json").read_text())
-    report = analyze(rows_table(steps, **cols), events_table(events))
+    report = _fresh_report("f371818-139")
     [div] = [f for f in report.findings if f.kind in ("spike", "divergence") and f.onset_step > 900]
     assert (div.kind, div.severity, div.onset_step) == ("divergence", "critical", 1072), div
     assert div.evidence["lr_ratio"] > 10 and "learning rate began rising at 1071" in div.message, div
@@ -1597,9 +1594,7 @@ def test_53_an_open_excursion_under_a_still_raised_lr_is_not_a_blip() -> None:
     later, the loss still above its band. Two far-out rows, not yet ``patience_obs`` old: 'a bad batch?', info, no
     advice. A bad batch is over at once; a raised LR goes on acting. Open under an LR still raised off the
     schedule, it is a divergence: critical, from the ramp's first loss (760), advice 720. Fails on 539bd87."""
-    steps, cols = _fresh_run("f122814-123")
-    events = json.loads((FIXTURES / "fresh" / "f122814-123-checkpoints.json").read_text())
-    report = analyze(rows_table(steps, **cols), events_table(events))
+    report = _fresh_report("f122814-123")
     [div] = [f for f in report.findings if f.kind in ("spike", "divergence") and f.onset_step > 700]
     assert (div.kind, div.severity, div.onset_step) == ("divergence", "critical", 760), div
     assert report.rollback is not None and report.rollback.checkpoint_step == 720, report.rollback
@@ -1650,9 +1645,7 @@ def test_56_a_spread_under_an_lr_burst_is_damage_not_noise() -> None:
     gradient norm x11 and no recovery to the log's end. The sign test read that as 'the noise grew' (info, no
     advice). It refutes a level shift on the assumption that nothing changed; an LR raised off the schedule at the
     onset is a change. Not refuted: a critical spike, not back, and checkpoint 44. Fails on d51485c."""
-    steps, cols = _fresh_run("f198280-100")
-    events = json.loads((FIXTURES / "fresh" / "f198280-100-checkpoints.json").read_text())
-    report = analyze(rows_table(steps, **cols), events_table(events))
+    report = _fresh_report("f198280-100")
     [spike] = [f for f in report.findings if f.kind == "spike"]  # the LR's later growth is its own (test 63)
     assert (spike.severity, spike.onset_step, spike.self_recovered) == ("critical", 68, False), spike
     assert not spike.evidence["noise_grew"] and spike.evidence["lr_ratio"] > 100, spike.evidence
@@ -1737,9 +1730,7 @@ def test_61_an_excursion_inside_the_warm_up_is_read_against_the_lr_it_reaches() 
     Against the LR the warm-up reaches it is x1.0. Fails on 0d6c708. A burst inside a warm-up is still a raise (it
     steepens the warm-up, which ends before it: test 57), and inside a warm-up that rises to the log's end the rows
     before are all there is."""
-    steps, cols = _fresh_run("f210507-060")
-    events = json.loads((FIXTURES / "fresh" / "f210507-060-checkpoints.json").read_text())
-    report = analyze(rows_table(steps, **cols), events_table(events))
+    report = _fresh_report("f210507-060")
     [exc] = [f for f in report.findings if f.kind in ("spike", "divergence")]
     assert (exc.kind, exc.onset_step, exc.severity) == ("spike", 200, "info"), exc
     assert not exc.evidence["lr_raised"] and exc.evidence["lr_ratio"] == pytest.approx(1.0, abs=0.05), exc.evidence
@@ -1870,13 +1861,14 @@ def test_65_an_unrecovered_excursion_a_norm_climbed_into_is_a_divergence() -> No
     right checkpoint 912. runwatch advised 912 (before the norm's climb) but called it a spike from 1016: only an
     LR still raised or a climbing loss made an unrecovered excursion a divergence. A norm that had been climbing
     (x3, beyond its own block-to-block wander) before the loss moved is OPT's precursor, and the unrecovered
-    excursion it ran into is the divergence it announced, from the climb's start. Fails on HEAD~1 (spike, 1016)."""
-    steps, cols = _fresh_run("f448775-105")
-    events = json.loads((FIXTURES / "fresh" / "f448775-105-checkpoints.json").read_text())
-    report = analyze(rows_table(steps, **cols), events_table(events))
+    excursion it ran into is the divergence it announced, from the climb's start. Fails on HEAD~1 (spike, 1016).
+    Since test 82 the ramp itself is read off the decaying schedule's path: the onset is its first loss, 914, the
+    labeller's."""
+    report = _fresh_report("f448775-105")
     open_loss = [f for f in report.findings if f.kind in ("spike", "divergence") and f.severity == "critical"]
-    assert [(f.kind, f.onset_step) for f in open_loss] == [("divergence", 915)], open_loss
+    assert [(f.kind, f.onset_step) for f in open_loss] == [("divergence", 914)], open_loss
     assert open_loss[0].evidence["act_norm_climb_step"] == 915 and open_loss[0].evidence["loss_climb_step"] == 1016
+    assert open_loss[0].evidence["lr_rise_step"] == 913, open_loss[0].evidence
     assert report.rollback is not None and report.rollback.checkpoint_step == 912, report.rollback
 
 
@@ -1932,9 +1924,7 @@ def test_67_a_burst_after_a_warm_restart_is_read_against_the_restarted_level() -
     collapse: the right checkpoint is 703. "The LR before" was the median of the 16 rows before the burst, 10 of
     them before the restart: the burst read as x956, and the restarted schedule after it as "still raised", a
     divergence advised back to 333. Fails on HEAD~1 (divergence from 362, checkpoint 333)."""
-    steps, cols = _fresh_run("f142542-144")
-    events = json.loads((FIXTURES / "fresh" / "f142542-144-checkpoints.json").read_text())
-    report = analyze(rows_table(steps, **cols), events_table(events))
+    report = _fresh_report("f142542-144")
     [burst] = [f for f in report.findings if f.onset_step == 362]
     assert (burst.kind, burst.self_recovered, burst.needs_action) == ("spike", True, False), burst
     assert burst.evidence["lr_before"] == pytest.approx(1.31e-3, rel=0.01) and not burst.evidence["lr_still_raised"]
@@ -2008,9 +1998,7 @@ def test_69_a_burst_ending_into_a_warm_restart_is_not_still_raised() -> None:
     schedule as the burst staying up: a divergence advised back to 264. A row stepped onto the highest level the
     run trained at before, not rising on, is the schedule's restart (``restart_slack``, as ``warm_restart``
     reads it). Fails on HEAD~1 (divergence from 293, checkpoint 264)."""
-    steps, cols = _fresh_run("f930351-082")
-    events = json.loads((FIXTURES / "fresh" / "f930351-082-checkpoints.json").read_text())
-    report = analyze(rows_table(steps, **cols), events_table(events))
+    report = _fresh_report("f930351-082")
     [burst] = [f for f in report.findings if f.onset_step == 293]
     assert (burst.kind, burst.self_recovered, burst.evidence["lr_still_raised"]) == ("spike", True, False), burst
     assert report.rollback is not None and report.rollback.checkpoint_step == 792, report.rollback
@@ -2393,10 +2381,55 @@ def test_81_a_noisy_runs_learning_is_no_precursor_and_the_checkpoint_before_a_co
     Fails on HEAD~1 (checkpoint 41). Guards: a norm that doubles while the loss falls under 1% is still OPT's
     precursor, however significant the fall over a long climb (``test_advisor_walkback``'s climb over 750
     steps; test 37's LR ramp, whose seed 4 lost its alarm to quarters without the floor)."""
-    steps, cols = _fresh_run("f795446-039")
-    events = json.loads((FIXTURES / "fresh" / "f795446-039-checkpoints.json").read_text())
-    report = analyze(rows_table(steps, **cols), events_table(events))
+    report = _fresh_report("f795446-039")
     [collapse] = [f for f in report.findings if f.needs_action]
     assert (collapse.kind, collapse.onset_step) == ("scaler_collapse", 248), collapse
     assert report.rollback is not None and report.rollback.checkpoint_step == 246, report.rollback.reason
     assert "act_norm_growth_from" not in report.rollback.evidence, report.rollback.evidence
+
+
+# 82. An LR ramp riding a decaying schedule is a rise against the schedule's path, though the LR never rises.
+
+def test_82_a_ramp_on_a_decaying_cosine_is_the_cause_and_the_advice_precedes_it() -> None:
+    """Real CPU training, fresh seed 495323's run 039: a cosine after a 224-step warm-up, a log every 5 steps,
+    checkpoints every 39; from step 899 the LR is multiplied x1.005 a step. The cosine falls 0.35% a step, so the
+    logged LR keeps falling (0.00112 at 895, 0.00110 at 905) and no row stands above an earlier one: the search
+    for an LR rise over its lowest point found none, the divergence was dated at the norms' climb (925) and the
+    advice was checkpoint 897, which holds updates made under the ramp. Log LR's slope steps up at the ramp's
+    first row (-0.0035 -> -0.0010 a step, where the cosine bends it by 0.00007 a row), and carried forward from
+    before that kink the schedule's path lies x2.5 below the LR by the last row: a rise, the cause. The onset is
+    its first loss, 900, and the advice 858. Fails on HEAD~1 (checkpoint 897)."""
+    report = _fresh_report("f495323-039")
+    [div] = [f for f in report.findings if f.needs_action]
+    assert (div.kind, div.onset_step) == ("divergence", 900), div
+    assert report.rollback is not None and report.rollback.checkpoint_step == 858, report.rollback.reason
+
+
+def _schedule(kind: str, n: int) -> np.ndarray:
+    """A decaying schedule's LR per step, read back through float32 as a log stores it."""
+    t = np.arange(n)
+    lr = {"cosine": 1e-3 * 0.5 * (1 + np.cos(np.pi * t / n)),
+          "cosine_floor": 1e-4 + 9e-4 * 0.5 * (1 + np.cos(np.pi * np.minimum(t, 0.75 * n) / (0.75 * n))),
+          "linear": 1e-3 * (1 - t / (n + 1)), "exponential": 1e-3 * 0.999 ** t,
+          "step": np.where(t < n // 2, 1e-3, 1e-4)}[kind]
+    return lr.astype(np.float32).astype(np.float64)
+
+
+@pytest.mark.parametrize("kind", ["cosine", "cosine_floor", "linear", "exponential", "step"])
+def test_82_guard_a_schedule_alone_is_no_rise(kind: str) -> None:
+    """No schedule stands off its own path, wherever the onset asked about is: a cosine into its floor flattens
+    its slope on every row and its LR rises above the path carried forward, but smoothly: no kink to start from."""
+    n = 2000
+    steps, lr = np.arange(n), _schedule(kind, n)
+    assert [o for o in range(300, n - 1, 7) if lr_rise_start(steps, lr, o, DEFAULT.lr, until=n - 1) is not None] == []
+
+
+@pytest.mark.parametrize("kind, rate", [("cosine", 1.002), ("cosine_floor", 1.001), ("linear", 1.0015),
+                                        ("exponential", 1.001)])
+def test_82_a_slow_ramp_on_each_decaying_schedule_is_a_rise_from_its_first_row(kind: str, rate: float) -> None:
+    """A ramp too slow to lift the LR 1.5x over its lowest point within the data, on each decaying schedule, is a
+    rise from its first raised row (901), asked at its first consequences and later. Fails on HEAD~1 (no rise)."""
+    n = 2000
+    steps, lr = np.arange(n), _schedule(kind, n)
+    ramp = lr * np.where(steps >= 900, rate ** (steps - 900), 1.0)
+    assert [lr_rise_start(steps, ramp, o, DEFAULT.lr, until=n - 1) for o in (905, 950, 980)] == [901] * 3
