@@ -252,10 +252,15 @@ def last_healthy_step(steps: np.ndarray, onset: int) -> int:
 
 def _incident_onset(target: Finding, findings: list[Finding]) -> int:
     """Where the damage began: the earliest step of the onset's confidence set where the finding states one
-    (``earliest_onset_step``: the advice must precede every step the change may have been at); a bad resume goes
-    back to the incident its parent was rolled back for."""
+    (``earliest_onset_step``: the advice must precede every step the change may have been at), or where the trend
+    broke before it (``trend_break_step``: an unrecovered spike's LR cause, whose first consequence can precede the
+    first loss the detector saw; fresh seed 160396's run 005, a burst first logged at 546, the loss flagged at 548
+    and checkpoint 545 holding an update under the burst); a bad resume goes back to the incident its parent was
+    rolled back for."""
     if target.kind != "bad_resume":
-        return min(target.onset_step, int(target.evidence.get("earliest_onset_step", target.onset_step)))
+        ev = target.evidence
+        return min(target.onset_step, int(ev.get("earliest_onset_step", target.onset_step)),
+                   int(ev.get("trend_break_step") or target.onset_step))
     resumed = int(target.evidence.get("resume_step", target.onset_step - 1))
     earlier = [f.onset_step for f in findings if f.segment < target.segment and f.kind not in NO_ROLLBACK_KINDS
                and f.severity != "info" and f.onset_step <= resumed + 1 <= f.end_step + 1]

@@ -2433,3 +2433,33 @@ def test_82_a_slow_ramp_on_each_decaying_schedule_is_a_rise_from_its_first_row(k
     steps, lr = np.arange(n), _schedule(kind, n)
     ramp = lr * np.where(steps >= 900, rate ** (steps - 900), 1.0)
     assert [lr_rise_start(steps, ramp, o, DEFAULT.lr, until=n - 1) for o in (905, 950, 980)] == [901] * 3
+
+
+# 83. An unrecovered spike's LR cause bounds the advice: no checkpoint holding an update under it.
+
+def test_83_the_advice_precedes_the_first_consequence_of_an_unrecovered_spikes_lr_cause() -> None:
+    """Real CPU training, fresh seed 160396's run 005: fp16, a multistep schedule, a log every 2 steps, checkpoints
+    every 109; an LR burst x79 from step 545, first logged at 546, throws the loss out from 548 and it does not come
+    back. The spike's cause analysis dated the trend's break at 546 (the burst's first logged row: on a coarse log
+    the raise may be older than that row's step, so the loss there can carry it), but the advice was bounded by
+    the loss's onset only: checkpoint 545, which holds an update made under the burst. The advice now precedes
+    where the trend broke as well: 436, the labeller's. Fails on HEAD~1 (checkpoint 545)."""
+    report = _fresh_report("f160396-005")
+    [spike] = [f for f in report.findings if f.needs_action]
+    assert (spike.kind, spike.onset_step, spike.evidence["trend_break_step"]) == ("spike", 548, 546), spike
+    assert report.rollback is not None and report.rollback.checkpoint_step == 436, report.rollback.reason
+
+
+def test_83_guard_on_a_per_step_log_the_checkpoint_before_the_raise_is_advised() -> None:
+    """Logged every step, an LR burst x80 at 600-603 is first logged at 600 and first answered by the loss of 601:
+    checkpoint 600 holds an update under it, 599 none. The advice is 599, as before."""
+    n = 1000
+    steps, loss, grad = np.arange(n), loss_curve(n), grad_curve(n)
+    lr = np.where((steps >= 600) & (steps <= 603), 0.08, 1e-3)
+    loss[601:] += 3.0
+    grad[601:] *= 8.0
+    ckpts = events_table([{"event": "checkpoint", "step": s, "payload": {"path": f"ckpt/{s}"}} for s in (550, 599, 600)])
+    report = analyze(rows_table(steps, loss=loss, grad_norm=grad, lr=lr), ckpts)
+    [spike] = [f for f in report.findings if f.needs_action]
+    assert (spike.onset_step, spike.evidence["trend_break_step"]) == (601, 601), spike
+    assert report.rollback is not None and report.rollback.checkpoint_step == 599, report.rollback.reason
