@@ -531,7 +531,7 @@ def test_15_streaming_equals_offline_across_an_lr_raise() -> None:
     loss = _trend(n) + rng.normal(0, 0.1, n) + np.repeat(rng.normal(0, 0.05, n // 8), 8)
     lr = 3e-4 * (0.1 + 0.9 * (1 - steps / n))
     lr[1000:] = 5 * lr[999]
-    loss[1000:] += 0.4
+    loss[1001:] += 0.4  # the loss logged at step s is computed before update s: the raise's first is at 1001
     rows = rows_table(steps, loss=loss, grad_norm=grad_curve(n), lr=lr)
     live = StreamingAnalyzer(None)
     seen = []
@@ -542,7 +542,7 @@ def test_15_streaming_equals_offline_across_an_lr_raise() -> None:
     offline = analyze(rows).findings
     assert live.report().findings == offline
     [div] = offline
-    assert div.onset_step == 1000 and seen and min(seen) >= div.evidence["detected_step"]
+    assert div.onset_step == 1001 and seen and min(seen) >= div.evidence["detected_step"]
 
 
 # 16. The CUSUM judges a rise against the level from before it (the guard): a lasting small lift is seen.
@@ -2463,3 +2463,39 @@ def test_83_guard_on_a_per_step_log_the_checkpoint_before_the_raise_is_advised()
     [spike] = [f for f in report.findings if f.needs_action]
     assert (spike.onset_step, spike.evidence["trend_break_step"]) == (601, 601), spike
     assert report.rollback is not None and report.rollback.checkpoint_step == 599, report.rollback.reason
+
+
+# 84. The loss at an LR step's own row was computed before the step's first update: no consequence of it.
+
+def test_84_an_excursion_opened_at_the_lr_steps_own_row_begins_with_its_first_consequence() -> None:
+    """Real CPU training, fresh seed 433315's run 138: batch 1, logged every step, checkpoints every 37; an LR
+    burst x107 at 149-152. The loss at 149 is 9.2 (3.4 of the run's sigmas; the clean twin logs the same 9.2 there:
+    a batch-1 loss), so the excursion the burst throws from 150 opened at 149, and the advice had to precede the
+    last healthy row before it: checkpoint 111, where 148 holds no update under the burst. The record logs at step
+    s the LR of update s and the loss computed before it, so on a per-step stretch the loss at the step's own row
+    cannot carry it: the excursion begins with its first consequence, 150, and the advice is 148. Fails on HEAD~1
+    (onset 149, checkpoint 111)."""
+    report = _fresh_report("f433315-138")
+    first = min((f for f in report.findings if f.needs_action), key=lambda f: f.onset_step)
+    assert (first.kind, first.onset_step) == ("spike", 150), first
+    assert report.rollback is not None and report.rollback.checkpoint_step == 148, report.rollback.reason
+
+
+@pytest.mark.parametrize("log_every", [1, 2])
+def test_84_the_steps_own_row_opens_the_excursion_only_where_it_can_carry_it(log_every: int) -> None:
+    """A per-step log: the loss at the LR step's row (1000) happens to be far out, the loss is up from 1001; the
+    onset is 1001 and checkpoint 999 is advised (it holds no update under the step; HEAD~1: onset 1000, checkpoint
+    900). The guard, a log every 2 steps: the step is first logged at 1000, so update 999 may already have been
+    under it and the loss at 1000 can carry it; that row stays the onset, and 999 is refused."""
+    n = 1600
+    steps = np.arange(0, n, log_every)
+    loss, grad = loss_curve(n)[steps], grad_curve(n)[steps]
+    lr = np.where(steps >= 1000, 5e-3, 1e-3)
+    loss[steps == 1000] += 1.0
+    loss[steps > 1000] += 3.0
+    grad[steps > 1000] *= 8.0
+    ckpts = events_table([{"event": "checkpoint", "step": s, "payload": {"path": f"ckpt/{s}"}} for s in (900, 999)])
+    report = analyze(rows_table(steps, loss=loss, grad_norm=grad, lr=lr), ckpts)
+    first = min((f for f in report.findings if f.needs_action), key=lambda f: f.onset_step)
+    assert first.onset_step == (1001 if log_every == 1 else 1000), first
+    assert report.rollback is not None and report.rollback.checkpoint_step == (999 if log_every == 1 else 900)
