@@ -265,7 +265,8 @@ def lr_rise_start(steps: np.ndarray, lr: np.ndarray, onset: int, lrc: LRConfig, 
     """Index of the first row of a learning-rate rise (to >= ``raise_factor`` x its lowest point in the last
     ``LR_LOOKBACK`` rows, looking twice as far back while that point is the window's first row: a slow ramp started
     before it) that runs into the onset: the first update under the raised LR, the cause, where the LR left its
-    schedule's path (``rise_began``; on a decaying schedule a ramp begins before the lowest point). A ramp may reach
+    schedule's path (``rise_began``; on a decaying schedule a ramp begins before the lowest point, and one that never
+    lifts the LR over it is read against the schedule's path instead, ``off_path_rise``). A ramp may reach
     the factor only after the loss began to move, so the rise is measured up to ``until`` (the excursion's peak;
     default the onset): a cause only has to precede the worst of its effect. None without one. The schedule is no
     cause: the warm-up that opens the run, or a warm restart (one step back up to a level the run already trained
