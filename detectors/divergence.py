@@ -464,7 +464,7 @@ def cause_start(steps: np.ndarray, obs: Observations, onset: int, history: int, 
         act, grad = (_after_burst(steps, obs.get(key), s, at, obs["lr"], lrc, history, cfg.growth_z)
                      for key, s in (("act_norm", act), ("grad_norm", grad)))
     answer = int(steps[first_consequence(steps, rise)]) if rise is not None else None
-    if rise == onset and answer is not None and answer > at:
+    if rise == onset and answer > at:
         at = answer  # the onset's own row holds the rise's first update, not its consequence (test 84)
     if answer is not None and answer >= floor:
         # The LR rise is the cause and its first consequence the onset: a norm "growing" before its cause is the
