@@ -308,7 +308,10 @@ class SpikeScanner:
             self.streak = None
             self.chunk = FIRST_CHUNK
             return
-        at = onset if np.isfinite(self.loss_base.at(onset, onset + 1)[1][0]) else trigger
+        # Frozen at the onset, cold or warm: a cold baseline at the trigger is the median of rows the excursion
+        # already lifted (BLOOM 31214: a level of 2.24 and a grad norm of 2.39 read from 31215-31219, where 2.20
+        # and 0.24 came before). Only an onset with no row before it in the segment has none: then the trigger.
+        at = onset if np.isfinite(self._baselines(loss, onset, onset + 1)[0][0]) else trigger
         level, scale, glevel, gscale, _ = (float(v[0]) for v in self._baselines(loss, at, at + 1))
         slope, span, floor = self.loss_base.slope(at)
         thr_l, thr_g = self._thresholds()

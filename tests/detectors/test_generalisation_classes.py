@@ -2499,3 +2499,27 @@ def test_84_the_steps_own_row_opens_the_excursion_only_where_it_can_carry_it(log
     first = min((f for f in report.findings if f.needs_action), key=lambda f: f.onset_step)
     assert first.onset_step == (1001 if log_every == 1 else 1000), first
     assert report.rollback is not None and report.rollback.checkpoint_step == (999 if log_every == 1 else 900)
+
+
+# 85. A cold excursion's baseline is frozen at its onset, not at its trigger.
+
+# BLOOM-176B's first loss spike (../shared/realruns, tr11-176B-ml chronicles, lines 202-213): an excerpt of 11
+# rows, out at 31215-31222 and back at 31250-31251 (the log has a gap there), "recovered in ~30 iterations".
+BLOOM_STEPS = np.array([31214, 31215, 31216, 31217, 31218, 31219, 31220, 31221, 31222, 31250, 31251])
+BLOOM_LOSS = np.array([2.198845, 2.220424, 2.595213, 2.241558, 2.345279, 5.098124, 3.492029, 3.213059, 2.804948,
+                       2.215699, 2.235667])
+BLOOM_GRAD = np.array([0.242, 0.947, 2.390, 15.886, 145.119, 960.351, 353.201, 379.330, 650.246, 0.267, 0.205])
+
+
+def test_85_a_cold_excursion_is_judged_against_the_rows_before_its_onset() -> None:
+    """Before a noise model exists (the segment's first rows) a spike is judged against the median of the rows
+    before it. The episode froze that cold baseline at its trigger (31219), the median of rows the excursion had
+    already lifted: "loss 2.242 -> 5.098, grad norm 2.39 -> 960", and the gradient norm, 4x at 31215 while the
+    loss had not moved, was not read as moving first. Frozen at the onset (31215): 2.199 and 0.242, grad norm
+    first. Fails on HEAD~1."""
+    [f] = analyze(rows_table(BLOOM_STEPS, loss=BLOOM_LOSS, grad_norm=BLOOM_GRAD)).findings
+    assert (f.kind, f.onset_step) == ("spike", 31215), f
+    assert f.evidence["baseline_loss"] == pytest.approx(2.198845), f.message
+    assert f.evidence["baseline_grad_norm"] == pytest.approx(0.242), f.message
+    assert f.evidence["grad_norm_moved_first"], f.message
+
