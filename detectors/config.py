@@ -175,7 +175,8 @@ class SpikeConfig:
     """An excursion not back in band (``recovery_obs`` in a row) this many observations after it began is not
     recovered (yet): an alarm that needs action now. If it comes back later it is a (late) recovery. On a coarse log
     the patience runs out sooner, once the excursion has been out for this many training steps over more than
-    ``recovery_obs`` rows (``spike.patience_ran_out``): a spike comes back within so many updates, not rows."""
+    ``recovery_obs`` rows (``spike.patience_ran_out``): a spike comes back within so many updates, not rows. It is
+    out until its last row out of band: in-band rows at the end of the data are a recovery not yet confirmed."""
     lasting_sigmas: float = 2.0
     """A recovered excursion whose loss stays this many sigmas above both the projected pre-onset trend and the
     pre-onset level itself (median over the observations after the recovery window) left a lasting cost: the

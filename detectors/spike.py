@@ -726,8 +726,9 @@ def classify(sc: SpikeScanner, ep: Episode, obs: Observations) -> Finding | None
     num_far, num_out = int(far.sum()), int((zl_c > cfg.z_band).sum())
     loss_moved = num_far > 0 or ep.rule != "shewhart"  # a CUSUM of the bank fired: the loss moved
     grad_far = math.isfinite(f["glevel"]) and bool(np.any((zg_c > f["thr_grad"]) & (zg_c * f["gscale"] >= math.log(cfg.grad_min_ratio))))
-    # Open and out for longer than the patience allows: not recovered (yet; a later recovery still counts).
-    out_of_patience = patience_ran_out(steps, onset, n, cfg) if ep.is_open else None
+    # Open and out for longer than the patience allows: not recovered (yet; a later recovery still counts). Rows
+    # back in band at the end (``ep.carry``, fewer than a recovery needs) are a recovery under way.
+    out_of_patience = patience_ran_out(steps, onset, n, cfg, last_out=n - 1 - ep.carry) if ep.is_open else None
     recovered = True if not ep.is_open else (False if out_of_patience is not None else None)
     if not loss_moved and (not grad_far or recovered is not True):
         return None  # the gradient norm alone moved to a new level: a trend, not an excursion
@@ -805,16 +806,21 @@ def classify(sc: SpikeScanner, ep: Episode, obs: Observations) -> Finding | None
                    evidence=evidence, message=_message(evidence, steps[onset], recovered, loss_moved, costly))
 
 
-def patience_ran_out(steps: np.ndarray, onset: int, n: int, cfg: SpikeConfig) -> int | None:
-    """The row at which an excursion from row ``onset`` still out at row ``n - 1`` has outlasted its patience, or None:
-    ``patience_obs`` rows, or on a coarse log sooner, once it has been out for ``patience_obs`` training steps over
-    more than ``recovery_obs`` rows (enough to have shown a recovery). A spike comes back within so many updates,
-    not rows: a log every 10 steps would otherwise wait 160 steps to call a loss 300x its level for 135 steps
-    anything but "not back yet" (fresh seed 402220's run 121, drawn at the freeze 0d6c708)."""
-    if n - onset >= cfg.patience_obs:
+def patience_ran_out(steps: np.ndarray, onset: int, n: int, cfg: SpikeConfig, last_out: int | None = None) -> int | None:
+    """The row at which an open excursion from row ``onset`` (data up to row ``n - 1``) has outlasted its patience,
+    or None: out for ``patience_obs`` rows, or on a coarse log sooner, once it has been out for ``patience_obs``
+    training steps over more than ``recovery_obs`` rows (enough to have shown a recovery). A spike comes back
+    within so many updates, not rows: a log every 10 steps would otherwise wait 160 steps to call a loss 300x its
+    level for 135 steps anything but "not back yet" (fresh seed 402220's run 121, drawn at the freeze 0d6c708).
+    Out means up to ``last_out``, its last row out of band (``n - 1`` by default): rows back in band at the end of
+    the data are a recovery under way, not yet confirmed, though they count among the rows that could have shown
+    one (BLOOM 31214's excerpt: out at 31215-31222, a gap in the log, back at 31250-31251; 35 steps from its
+    onset, but out for 7 of them)."""
+    last_out = n - 1 if last_out is None else last_out
+    if last_out - onset + 1 >= cfg.patience_obs:
         return onset + cfg.patience_obs - 1
-    first = onset + cfg.recovery_obs  # the first row with more than recovery_obs rows out
-    if first >= n:
+    first = onset + cfg.recovery_obs  # the first row with more than recovery_obs rows since the onset
+    if first >= n or steps[last_out] - steps[onset] < cfg.patience_obs:
         return None
     late = np.flatnonzero(steps[first:n] - steps[onset] >= cfg.patience_obs)
     return first + int(late[0]) if len(late) else None

@@ -2523,3 +2523,26 @@ def test_85_a_cold_excursion_is_judged_against_the_rows_before_its_onset() -> No
     assert f.evidence["baseline_grad_norm"] == pytest.approx(0.242), f.message
     assert f.evidence["grad_norm_moved_first"], f.message
 
+
+# 86. The patience runs out only while the excursion is out of band.
+
+@pytest.mark.parametrize("every,out_rows,back_rows,critical", [(1, 8, 2, False), (1, 20, 2, True), (25, 7, 5, True)])
+def test_86_rows_back_in_band_at_the_end_are_a_recovery_under_way(every: int, out_rows: int, back_rows: int,
+                                                                   critical: bool) -> None:
+    """A per-step log: an excursion out for 8 rows (7 steps), a gap in the log, then 2 rows back in band where the
+    data ends. The patience (16 rows, or 16 steps over more than ``recovery_obs`` rows) was counted to the last
+    row, so the gap and the rows back in band made it critical, "not back to its trend", and the on-call engineer
+    was told to restart (BLOOM's excerpt above, which came back by itself). Out is now up to the last row out of
+    band: a warning, not back yet (``self_recovered`` None). Fails on HEAD~1. Guards: out for 20 rows, past the
+    patience, before the 2 rows back; and a log every 25 steps, out for 7 rows (150 steps, past the patience in
+    steps) and back for 5 when the data ends (more than ``recovery_obs`` rows since the onset): both critical."""
+    n_out = 300 + out_rows
+    rows = np.concatenate([np.arange(n_out), n_out + 28 // every + np.arange(back_rows)])
+    steps = rows * every
+    loss, grad = loss_curve(int(rows[-1]) + 1)[rows], grad_curve(int(rows[-1]) + 1)[rows]
+    loss[300:n_out] += 3.0
+    grad[300:n_out] *= 10.0
+    [f] = analyze(rows_table(steps, loss=loss, grad_norm=grad)).findings
+    assert f.kind == "spike" and f.onset_step == 300 * every, f
+    expect = ("critical", False, True) if critical else ("warning", None, False)
+    assert (f.severity, f.self_recovered, f.needs_action) == expect, f.message
