@@ -313,7 +313,7 @@ def _slow_block(path: Path, first_line: int, block: bytes, skip_bad_lines: bool,
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as err:
-                raise ValueError(f"expected one JSON object per line ({err.msg} at column {err.colno})") from err
+                raise ValueError(f"expected one JSON object per line ({err.msg}: column {err.colno})") from err
             if not isinstance(obj, dict):
                 raise ValueError("expected a JSON object")
             if "event" in obj:

@@ -86,6 +86,8 @@ def test_explicit_segment_and_rank_are_kept(tmp_path):
     ('{"event": "checkpoint"}', "needs a 'step'"),
     ('{"step": 1, "found_inf": "yes"}', "'found_inf' must be"),
     ('{"step": 2, "loss": 1.0', "expected one JSON object per line"),
+    # json's own message ends in "at" for an open string: the column follows a colon, not a second "at"
+    ('{"step": 2, "loss": "abc', r"\(Unterminated string starting at: column 21\)"),
 ])
 def test_malformed_line_names_file_and_line_and_lands_nothing(tmp_path, bad, expected):
     path = _write(tmp_path / "in.jsonl", ['{"step": 0, "loss": 1.0}', "", bad, '{"step": 3, "loss": 1.0}'])
