@@ -303,7 +303,9 @@ def label_run(injections: list[Injection], lines: dict[int, Lineage], cuts: dict
     """
     labels: list[Label] = []
     for inj in injections:
-        lin = lines[inj.segment]
+        lin = lines.get(inj.segment)
+        if lin is None:
+            continue  # a segment that never ran (fresh seed 32670's run 064 drew its resume past the run's end)
         idx = np.flatnonzero((lin.segment == inj.segment) & (lin.step >= inj.first_effect))
         if not len(idx):
             continue  # past the segment's last logged row

@@ -18,7 +18,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
-from evalruns.counterfactual import Injection, LabelRules, Lineage, loss_label  # noqa: E402
+from evalruns.counterfactual import Injection, LabelRules, Lineage, label_run, loss_label  # noqa: E402
 from evalruns.draws import FreshRun, make_injection  # noqa: E402
 from evalruns.fresh import fresh_runs, label, train_pair  # noqa: E402
 from evalruns.heldout import HeldoutSpec  # noqa: E402
@@ -173,6 +173,16 @@ def test_an_effect_is_judged_in_the_noise_around_it_not_in_early_training() -> N
     lin = Lineage(np.arange(n), np.zeros(n, int), {**cols, "loss": twin + effect}, {**cols, "loss": twin})
     lab = loss_label(Injection("spike", "bad_batch", 0, 130, 130, 130), lin, 130, n, LabelRules())
     assert lab is not None and lab.dont_care and 3.0 <= lab.size < LabelRules().clear_peak
+
+
+def test_a_fault_in_a_segment_that_never_ran_is_no_label() -> None:
+    """Fresh seed 32670's run 064 drew its resume at step 287 of a 283-step run, so its segment-1 fault (a NaN
+    gradient at 280) has no segment to act in: no label, where the labeller raised a KeyError."""
+    effect = np.zeros(400)
+    effect[100:110] = 1.0
+    inj = [Injection("spike", "lr_burst", 0, 99, 100, 101), Injection("nan", "nan_grad", 1, 280, 280, 282)]
+    labels = label_run(inj, {0: _lineage(effect)}, {0: None}, 1)
+    assert [(lab.kind, lab.segment) for lab in labels if not lab.dont_care] == [("spike", 0)]
 
 
 def test_label_rules_reject_inverted_thresholds() -> None:
