@@ -311,8 +311,10 @@ class SpikeScanner:
         # Frozen at the onset, cold or warm: a cold baseline at the trigger is the median of rows the excursion
         # already lifted (BLOOM 31214: a level of 2.24 and a grad norm of 2.39 read from 31215-31219, where 2.20
         # and 0.24 came before). Only an onset with no row before it in the segment has none: then the trigger.
-        at = onset if np.isfinite(self._baselines(loss, onset, onset + 1)[0][0]) else trigger
-        level, scale, glevel, gscale, _ = (float(v[0]) for v in self._baselines(loss, at, at + 1))
+        at, base = onset, self._baselines(loss, onset, onset + 1)
+        if not np.isfinite(base[0][0]):
+            at, base = trigger, self._baselines(loss, trigger, trigger + 1)
+        level, scale, glevel, gscale, _ = (float(v[0]) for v in base)
         slope, span, floor = self.loss_base.slope(at)
         thr_l, thr_g = self._thresholds()
         total = float(self.loss_base.total_scale(at, at + 1)[0])
@@ -728,7 +730,7 @@ def classify(sc: SpikeScanner, ep: Episode, obs: Observations) -> Finding | None
     grad_far = math.isfinite(f["glevel"]) and bool(np.any((zg_c > f["thr_grad"]) & (zg_c * f["gscale"] >= math.log(cfg.grad_min_ratio))))
     # Open and out for longer than the patience allows: not recovered (yet; a later recovery still counts). Rows
     # back in band at the end (``ep.carry``, fewer than a recovery needs) are a recovery under way.
-    out_of_patience = patience_ran_out(steps, onset, n, cfg, last_out=n - 1 - ep.carry) if ep.is_open else None
+    out_of_patience = patience_ran_out(steps, onset, n, n - 1 - ep.carry, cfg) if ep.is_open else None
     recovered = True if not ep.is_open else (False if out_of_patience is not None else None)
     if not loss_moved and (not grad_far or recovered is not True):
         return None  # the gradient norm alone moved to a new level: a trend, not an excursion
@@ -806,17 +808,16 @@ def classify(sc: SpikeScanner, ep: Episode, obs: Observations) -> Finding | None
                    evidence=evidence, message=_message(evidence, steps[onset], recovered, loss_moved, costly))
 
 
-def patience_ran_out(steps: np.ndarray, onset: int, n: int, cfg: SpikeConfig, last_out: int | None = None) -> int | None:
+def patience_ran_out(steps: np.ndarray, onset: int, n: int, last_out: int, cfg: SpikeConfig) -> int | None:
     """The row at which an open excursion from row ``onset`` (data up to row ``n - 1``) has outlasted its patience,
     or None: out for ``patience_obs`` rows, or on a coarse log sooner, once it has been out for ``patience_obs``
     training steps over more than ``recovery_obs`` rows (enough to have shown a recovery). A spike comes back
     within so many updates, not rows: a log every 10 steps would otherwise wait 160 steps to call a loss 300x its
     level for 135 steps anything but "not back yet" (fresh seed 402220's run 121, drawn at the freeze 0d6c708).
-    Out means up to ``last_out``, its last row out of band (``n - 1`` by default): rows back in band at the end of
+    Out means up to ``last_out``, its last row out of band (``n - 1`` while it still is): rows back in band at the end of
     the data are a recovery under way, not yet confirmed, though they count among the rows that could have shown
     one (BLOOM 31214's excerpt: out at 31215-31222, a gap in the log, back at 31250-31251; 35 steps from its
     onset, but out for 7 of them)."""
-    last_out = n - 1 if last_out is None else last_out
     if last_out - onset + 1 >= cfg.patience_obs:
         return onset + cfg.patience_obs - 1
     first = onset + cfg.recovery_obs  # the first row with more than recovery_obs rows since the onset
