@@ -196,14 +196,19 @@ class SpikeScanner:
         trigger = None
         for j in np.flatnonzero(hit):
             i = lo + int(j)
-            if any(p[j] for p in past):
-                trigger, (rule, zero) = i, self._change_point(sums, past, j, i)
-                break
-            # A single observation must also pass the run's own tail (heavy-tailed runs raise the bar).
+            # A single observation must also pass the run's own tail (heavy-tailed runs raise the bar). It is
+            # tested first: a CUSUM that crosses on the same observation crosses because of it (clipped at
+            # ``winsor``, it adds its most), and its last zero dates the noise it had been summing, not the
+            # jump (fresh seed 719649's run 031: a bad batch 70 sigmas out at 1592, dated 1543 and called "a
+            # small shift alone: no observation far out"). A lift that led up to the jump is still its onset:
+            # the elevated streak.
             self._note_scanned(lo, i, zl_c, zg_c, warm)
             thr_l, thr_g = self._thresholds()
             if (loss_cand[j] and (zl_c[j] > thr_l or not warm[j])) or (grad_cand[j] and zg_c[j] > thr_g):
                 trigger, rule = i, "shewhart"
+                break
+            if any(p[j] for p in past):
+                trigger, (rule, zero) = i, self._change_point(sums, past, j, i)
                 break
         stop = n if trigger is None else trigger
         self._note_scanned(lo, stop, zl_c, zg_c, warm)

@@ -2546,3 +2546,22 @@ def test_86_rows_back_in_band_at_the_end_are_a_recovery_under_way(every: int, ou
     assert f.kind == "spike" and f.onset_step == 300 * every, f
     expect = ("critical", False, True) if critical else ("warning", None, False)
     assert (f.severity, f.self_recovered, f.needs_action) == expect, f.message
+
+
+# 87. A jump that both rules see at once is dated by the Shewhart rule, not by the CUSUM's last zero.
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_87_a_far_out_row_that_tips_a_cusum_over_is_a_spike_at_that_row(seed: int) -> None:
+    """A lift of 2 noise sigmas for 30 rows that the CUSUM sums but never alarms on (the guard: no finding), then
+    one row 50 sigmas out. The CUSUM crossed on that row (clipped at ``winsor``, it adds its most there) and was
+    tested first, so its last zero dated the excursion 30 rows back and called it "a sustained loss rise ... a
+    small shift alone: no observation far out" (fresh seed 719649's run 031: a bad batch 70 sigmas out at 1592
+    dated 1543, and the labelled spike missed; the same reading made one of the clean twins' alarms, 341363's run
+    070). The row passes the Shewhart bar: a one-step spike at that row. Fails on HEAD~1 (onset 610, cusum)."""
+    n = 1000
+    loss, grad = loss_curve(n, seed=seed), grad_curve(n, seed=seed + 10)
+    loss[610:640] += 2.0 * 0.03
+    assert analyze(rows_table(np.arange(n), loss=loss, grad_norm=grad)).findings == []
+    loss[640] += 1.5
+    [f] = analyze(rows_table(np.arange(n), loss=loss, grad_norm=grad)).findings
+    assert (f.kind, f.onset_step, f.evidence["rule"], f.severity) == ("spike", 640, "shewhart", "info"), f.message
