@@ -53,6 +53,7 @@ from runwatch.detectors.divergence import (
     lr_burst_shifts,
     lr_jump_inside,
     lr_raise_inside,
+    lr_raised_since,
     lr_rise_start,
     lr_step_before,
     restart_before,
@@ -117,7 +118,7 @@ class SpikeScanner:
             if self.episode is not None:
                 self._follow(obs, hi)
             else:
-                self._scan(loss, hi)
+                self._scan(obs, hi)
 
     def _baselines(self, loss: np.ndarray, lo: int, hi: int) -> tuple[np.ndarray, ...]:
         """Loss and log-grad level and scale for lo..hi-1, and where a real (not cold) baseline exists."""
@@ -172,8 +173,8 @@ class SpikeScanner:
             cols[k] = np.where(inside, frozen, col)
         return (*cols, warm, elevated)
 
-    def _scan(self, loss: np.ndarray, n: int) -> None:
-        lo, cfg = self.pos, self.cfg
+    def _scan(self, obs: Observations, n: int) -> None:
+        lo, cfg, loss = self.pos, self.cfg, obs["loss"]
         level, scale, glevel, gscale, total_l, total_g, warm, elevated_all = self._frozen_baselines(loss, lo, n)
         lg = self.log_grad.view
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -222,7 +223,32 @@ class SpikeScanner:
         onset = self.streak if self.streak is not None else trigger
         if rule != "shewhart":  # a CUSUM's change point: the observation after its last zero
             onset = min(onset, zero + 1)
-        self._open(max(onset, self.floor), trigger, rule, loss, int(np.argmax([zl_c[trigger - lo], zg_c[trigger - lo]])))
+        anchor = max(onset, self.floor)
+        self._open(max(self._not_before_its_cause(obs, onset, trigger), self.floor), trigger, rule, loss,
+                   int(np.argmax([zl_c[trigger - lo], zg_c[trigger - lo]])), anchor)
+
+    def _not_before_its_cause(self, obs: Observations, onset: int, trigger: int) -> int:
+        """The onset, or the first consequence of an LR raise off the schedule (``lr_raised_since``) still in effect at
+        the trigger that began after the onset and before the trigger: the rows between were not enough to alarm on
+        (the alarm came only after the raise), so where the statistics date the change (a CUSUM's last zero, the start
+        of an elevated streak) within that noise is no cause; the raise is (DETECTION.md section 7a: an LR rise is the
+        cause, its first consequence the onset). Fresh seed 103205's run 064: the LR growing from 940, the loss
+        climbing after it, the CUSUM's last zero at 923 (a natural bump its clean twin has too); the divergence dated
+        924, 16 steps before its cause, and the labelled one missed. Read from the rows up to the trigger alone, so a
+        stream dates it as the whole run does."""
+        if "lr" not in obs or trigger <= onset:
+            return onset
+        steps, lr = obs["step"][:trigger + 1], obs["lr"][:trigger + 1]
+        # Such a raise starts from a low at or after the onset, ``raise_factor`` below the LR at the trigger: without
+        # one there is none to look for (and a pass over the whole LR column is saved).
+        with np.errstate(invalid="ignore"):
+            if not np.nanmin(lr[onset:], initial=np.inf) * self.ctx.config.lr.raise_factor <= lr[-1]:
+                return onset
+        rise = lr_raised_since(steps, lr, self.ctx.config.lr, self.ctx.history)
+        if rise is None or rise >= trigger:  # a raise on the trigger's own row has no consequence before it
+            return onset
+        first = first_consequence(steps, rise)
+        return first if onset < first <= trigger else onset
 
     def _change_point(self, sums: list[tuple[np.ndarray, np.ndarray]], past: list[np.ndarray], j: int,
                       i: int) -> tuple[str, int]:
@@ -293,7 +319,10 @@ class SpikeScanner:
         elif self.streak is None:
             self.streak = lo
 
-    def _open(self, onset: int, trigger: int, rule: str, loss: np.ndarray, led_by: int) -> None:
+    def _open(self, onset: int, trigger: int, rule: str, loss: np.ndarray, led_by: int, anchor: int) -> None:
+        """Open an episode at ``onset`` (or go on with the last one), its baseline frozen at ``anchor``: where the
+        statistics date the change, at or before the onset (``_not_before_its_cause``), so no row the change may
+        have lifted is in it."""
         last = self.closed[-1] if self.closed else None
         if last is not None and not last.data.get("blip") and not last.data.get("superseded") \
                 and onset - (last.recovered_at + self.cfg.recovery_obs) < self.cfg.patience_obs \
@@ -316,7 +345,7 @@ class SpikeScanner:
         # Frozen at the onset, cold or warm: a cold baseline at the trigger is the median of rows the excursion
         # already lifted (BLOOM 31214: a level of 2.24 and a grad norm of 2.39 read from 31215-31219, where 2.20
         # and 0.24 came before). Only an onset with no row before it in the segment has none: then the trigger.
-        at, base = onset, self._baselines(loss, onset, onset + 1)
+        at, base = anchor, self._baselines(loss, anchor, anchor + 1)
         if not np.isfinite(base[0][0]):
             at, base = trigger, self._baselines(loss, trigger, trigger + 1)
         level, scale, glevel, gscale, _ = (float(v[0]) for v in base)
@@ -327,7 +356,7 @@ class SpikeScanner:
             "level": level, "scale": scale, "total": total if math.isfinite(total) else scale,
             "glevel": glevel, "gscale": gscale, "slope": slope, "span": span,
             "floor": min(floor, level),
-            "t0": float(self.coord.view[onset]), "thr_loss": thr_l, "thr_grad": thr_g},
+            "t0": float(self.coord.view[anchor]), "thr_loss": thr_l, "thr_grad": thr_g},
             data={"grad_led": led_by == 1 and rule == "shewhart", "loss_moved": self._loss_far(loss, onset, trigger + 1)})
         self.pos = trigger + 1
         self._noted = self.pos
