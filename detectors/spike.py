@@ -224,8 +224,8 @@ class SpikeScanner:
         if rule != "shewhart":  # a CUSUM's change point: the observation after its last zero
             onset = min(onset, zero + 1)
         anchor = max(onset, self.floor)
-        self._open(max(self._not_before_its_cause(obs, onset, trigger), self.floor), trigger, rule, loss,
-                   int(np.argmax([zl_c[trigger - lo], zg_c[trigger - lo]])), anchor)
+        onset = max(self._not_before_its_cause(obs, onset, trigger), self.floor)
+        self._open(onset, trigger, rule, loss, int(np.argmax([zl_c[trigger - lo], zg_c[trigger - lo]])), anchor)
 
     def _not_before_its_cause(self, obs: Observations, onset: int, trigger: int) -> int:
         """The onset, or the first consequence of an LR raise off the schedule (``lr_raised_since``) still in effect at
@@ -342,7 +342,7 @@ class SpikeScanner:
             self.streak = None
             self.chunk = FIRST_CHUNK
             return
-        # Frozen at the onset, cold or warm: a cold baseline at the trigger is the median of rows the excursion
+        # Frozen at the anchor, cold or warm: a cold baseline at the trigger is the median of rows the excursion
         # already lifted (BLOOM 31214: a level of 2.24 and a grad norm of 2.39 read from 31215-31219, where 2.20
         # and 0.24 came before). Only an onset with no row before it in the segment has none: then the trigger.
         at, base = anchor, self._baselines(loss, anchor, anchor + 1)
