@@ -34,7 +34,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from baselines import BASELINES, run_baselines  # noqa: E402
 from evalruns.generate import VERSION, load_or_generate  # noqa: E402
 from evalruns.scenarios import KINDS  # noqa: E402
-from evalruns.scoring import ALARM, FalseAlarms, KindScore, Pred, Row, match_run, match_window, table  # noqa: E402
+from evalruns.scoring import (  # noqa: E402
+    ALARM,
+    EXCURSION,
+    MISS_CLASSES,
+    FalseAlarms,
+    KindScore,
+    Pred,
+    Row,
+    match_run,
+    match_window,
+    miss_class,
+    table,
+)
 from evalruns.truth import EXCURSION_KINDS  # noqa: E402
 
 from runwatch.data.store import Store  # noqa: E402
@@ -105,7 +117,7 @@ def _scores() -> dict:
             "family_false_alarms": {m: FalseAlarms() for m in methods},
             "rollback": {"needed": 0, "right": 0, "wrong": [], "spurious": [], "not_needed": 0, "ambiguous": 0},
             "history": {"labels": 0, "closed": 0, "still_open": []}, "by_subtype": {}, "by_size": {},
-            "dont_care": {}, "analyze_seconds": 0.0}
+            "dont_care": {}, "misses_by_class": {}, "analyze_seconds": 0.0}
 
 
 def _score_family(res: dict, name: str, run: str, labels: list[dict], preds: list[Pred], window: int,
@@ -142,7 +154,11 @@ def evaluate(store: Store, info: dict, analyze: object | None) -> dict:
         res["analyze_seconds"] += time.perf_counter() - t0
         preds = findings_to_preds(report)
         _score_labels_alone(run, labels, preds, window, res)
-        match_run(run, labels, preds, res["strict"], window=window)
+        found = match_run(run, labels, preds, res["strict"], window=window)
+        for i, lab in enumerate(labels):
+            if lab["kind"] in EXCURSION and not lab.get("dont_care") and i not in found:
+                key = (lab["kind"], miss_class(lab, labels, preds, window))
+                res["misses_by_class"][key] = res["misses_by_class"].get(key, 0) + 1
         match_run(run, labels, [p for p in preds if p.severity in ALARM], res["alarms"], window=window)
         res["false_alarms"].add_run(*cols, labels, preds, window)
         _score_history(run, labels, _score_family(res, "runwatch", run, labels, preds, window, cols), res["history"])
@@ -174,6 +190,14 @@ def _score_labels_alone(run: str, labels: list[dict], preds: list[Pred], window:
         band = _size_band(lab.get("size"))
         if band is not None and lab["kind"] in ("spike", "divergence", "slowdown", "stall"):  # sizes in sigmas
             res["by_size"].setdefault((lab["kind"], band), []).append(err)
+
+
+def render_miss_classes(misses: dict[tuple[str, str], int]) -> str:
+    """Missed labels per kind and class, every class shown (a zero is a finding too)."""
+    out = ["| kind | " + " | ".join(MISS_CLASSES) + " |", "|---|" + "---:|" * len(MISS_CLASSES)]
+    for kind in EXCURSION:
+        out.append(f"| {kind} | " + " | ".join(str(misses.get((kind, c), 0)) for c in MISS_CLASSES) + " |")
+    return "\n".join(out)
 
 
 def render_subtypes(by_subtype: dict[tuple[str, str], list[int | None]], what: str = "injected fault") -> str:
@@ -249,7 +273,8 @@ def render(result: dict, info: dict, version: str = VERSION) -> str:
     if result["by_size"]:
         lines += ["### By labelled effect size (runwatch; sigmas of the clean twin's noise)", "",
                   render_subtypes(result["by_size"], "effect (sigma)"), ""]
-    lines += ["### Failures", ""]
+    lines += ["### Missed spikes and divergences by class (runwatch; `evalruns.scoring.MISS_CLASSES`)", "",
+              render_miss_classes(result["misses_by_class"]), "", "### Failures", ""]
     for kind, sc in sorted(result["strict"].items()):
         lines += [f"- missed {kind}: {m}" for m in sc.misses]
         lines += [f"- false {kind}: {f}" for f in sc.false_alarms]

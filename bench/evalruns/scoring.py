@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .truth import EXCURSION_KINDS
+
 WINDOW_BEFORE = 10
 WINDOW_AFTER = 10
 EXCURSION = ("spike", "divergence")
@@ -129,6 +131,35 @@ def match_run(run: str, labels: list[dict], preds: list[Pred], scores: dict[str,
             sc.fp += 1
             sc.false_alarms.append(f"{run} ({p.kind} onset {p.onset}, segment {p.segment})")
     return matched
+
+
+MISS_CLASSES = ("inside another fault that needs action", "inside another fault", "found as the other kind",
+                "inside a finding open since before it", "found nowhere")
+"""Why a spike or divergence label was missed, the first that applies:
+- *inside another fault*: its onset lies inside an earlier labelled fault's excursion in the same segment, a fault
+  that changed the weights or skipped their updates (``truth.EXCURSION_KINDS``: a stall or slowdown leaves them);
+  split by whether that one needs action, where the clean twin, fault-free on both counts, can no longer size
+  the second;
+- *found as the other kind*: a divergence (or spike) prediction in its window, the kind the cause was read as;
+- *inside a finding open since before it*: a loss-kind prediction that began earlier and was still open at its
+  onset (one episode, two labels);
+- *found nowhere*: no loss-kind prediction covers it."""
+
+
+def miss_class(lab: dict, labels: list[dict], preds: list[Pred], window: int) -> str:
+    """The class (``MISS_CLASSES``) of a missed spike or divergence label ``lab`` among its run's labels and
+    predictions (``window``: ``match_window`` of the run)."""
+    seg, onset = lab["segment"], lab["onset"]
+    outer = [o for o in labels if o is not lab and o["kind"] in EXCURSION_KINDS and o["segment"] == seg
+             and not o.get("dont_care") and o.get("subtype") != "natural" and o["onset"] < onset <= o["end"]]
+    if outer:
+        return MISS_CLASSES[0] if any(o.get("needs_action") for o in outer) else MISS_CLASSES[1]
+    loss = [p for p in preds if p.segment == seg and p.kind in EXCURSION]
+    if any(p.kind != lab["kind"] and onset - window <= p.onset <= lab["end"] + window for p in loss):
+        return MISS_CLASSES[2]
+    if any(p.onset < onset <= p.end for p in loss):
+        return MISS_CLASSES[3]
+    return MISS_CLASSES[4]
 
 
 def fmt(x: float, digits: int = 2) -> str:

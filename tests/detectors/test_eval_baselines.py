@@ -11,7 +11,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 from baselines import megatron_flags, merge_flags, olmo_flags, run_baselines, zclip_flags  # noqa: E402
-from evalruns.scoring import KindScore, Pred, match_run  # noqa: E402
+from evalruns.scoring import MISS_CLASSES, KindScore, Pred, match_run, miss_class  # noqa: E402
 
 
 def noisy_loss(n: int = 400, seed: int = 0) -> np.ndarray:
@@ -67,3 +67,31 @@ def test_matching_rule_true_false_and_duplicate() -> None:
     assert matched[0].onset == 102
     assert (sc.tp, sc.duplicates, sc.fp, sc.onset_errors) == (1, 1, 2, [2])
     assert sc.precision == pytest.approx(1 / 3) and sc.recall == 1.0
+
+
+OUTER = {"kind": "spike", "subtype": "lr_burst", "onset": 100, "end": 400, "segment": 0, "needs_action": True}
+MISSED = {"kind": "spike", "subtype": "bad_batch", "onset": 250, "end": 253, "segment": 0}
+
+
+@pytest.mark.parametrize("labels, preds, expect", [
+    # An earlier fault's excursion still out at its onset, needing action or not.
+    ([OUTER, MISSED], [], 0),
+    ([{**OUTER, "needs_action": False}, MISSED], [], 1),
+    # ...but not a natural one, a dont_care one, one in another segment, one over before it, or a slowdown
+    # (which leaves the loss alone); a collapse (skipped updates) is one.
+    ([{**OUTER, "subtype": "natural"}, MISSED], [], 4),
+    ([{**OUTER, "dont_care": True}, MISSED], [], 4),
+    ([{**OUTER, "segment": 1}, MISSED], [], 4),
+    ([{**OUTER, "end": 249}, MISSED], [], 4),
+    ([{**OUTER, "kind": "slowdown"}, MISSED], [], 4),
+    ([{**OUTER, "kind": "scaler_collapse"}, MISSED], [], 0),
+    # The other loss kind in its window; the same kind or another segment is no excuse.
+    ([MISSED], [Pred("divergence", 245, 500, 0)], 2),
+    ([MISSED], [Pred("divergence", 245, 500, 1)], 4),
+    # A finding that began before it and was still open at its onset.
+    ([MISSED], [Pred("spike", 200, 300, 0)], 3),
+    ([MISSED], [Pred("spike", 200, 249, 0)], 4),
+    ([MISSED], [Pred("slowdown", 200, 300, 0)], 4),
+])
+def test_a_missed_excursion_is_classed_by_what_covers_it(labels: list[dict], preds: list[Pred], expect: int) -> None:
+    assert miss_class(MISSED, labels, preds, window=10) == MISS_CLASSES[expect]
