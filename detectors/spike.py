@@ -11,9 +11,11 @@ Two rules open an excursion, the classic combined chart (Montgomery):
   burst (a bad batch of a few steps at 4-6 sigma: Lorden's bank of CUSUMs,
   one per size of shift worth catching).
 Onset is the first observation of the elevated run (either signal: BLOOM's
-gradient norm moved first), or the CUSUM's change point. The baseline is
-frozen at the onset; the excursion ends when the loss (and, for one the
-gradient norm led, the gradient norm) stays inside the band of the pre-onset
+gradient norm moved first), or the CUSUM's change point; where the alarm came
+only after an LR raise off the schedule, and the rows before the raise carry
+no lift of their own, the raise's first consequence. The baseline is frozen
+where the statistics dated the change; the excursion ends when the loss (and,
+for one the gradient norm led, the gradient norm) stays inside the band of the pre-onset
 trend carried forward for ``recovery_obs`` observations, however late: the
 finding records ``recovery_steps`` and the ``lasting_cost`` (how far above the
 projected trend the loss stays afterwards).
@@ -232,10 +234,10 @@ class SpikeScanner:
         the trigger that began after the onset and before the trigger: the rows between were not enough to alarm on
         (the alarm came only after the raise), so where the statistics date the change (a CUSUM's last zero, the start
         of an elevated streak) within that noise is no cause; the raise is (DETECTION.md section 7a: an LR rise is the
-        cause, its first consequence the onset). Fresh seed 103205's run 064: the LR growing from 940, the loss
-        climbing after it, the CUSUM's last zero at 923 (a natural bump its clean twin has too); the divergence dated
-        924, 16 steps before its cause, and the labelled one missed. Read from the rows up to the trigger alone, so a
-        stream dates it as the whole run does."""
+        cause, its first consequence the onset). Fresh seed 158901's run 081: the LR growing from 776, the loss
+        climbing after it, the CUSUM's last zero at 762; the divergence dated 763, 13 steps before its cause, and
+        checkpoint 688 advised for 774. Unless those rows carry a lift of their own (below). Read from the rows up to
+        the trigger alone, so a stream dates it as the whole run does."""
         if "lr" not in obs or trigger <= onset:
             return onset
         steps, lr = obs["step"][:trigger + 1], obs["lr"][:trigger + 1]
@@ -248,7 +250,18 @@ class SpikeScanner:
         if rise is None or rise >= trigger:  # a raise on the trigger's own row has no consequence before it
             return onset
         first = first_consequence(steps, rise)
-        return first if onset < first <= trigger else onset
+        if not onset < first <= trigger:
+            return onset
+        # Not enough to alarm on is not nothing: rows before the raise that stand ``growth_z`` standard errors above
+        # the level as the CUSUM reads them (clipped, in the scale with the wander) carry a lift of their own, and
+        # the excursion began with them (a 4-sigma lift three rows before an LR doubling: a checkpoint inside it).
+        level = self._baselines(obs["loss"], onset, onset + 1)[0][0]
+        total = self.loss_base.total_scale(onset, onset + 1)[0]
+        with np.errstate(invalid="ignore"):
+            z = np.minimum((obs["loss"][onset:first] - level) / total, self.winsor)
+        z = z[np.isfinite(z)]
+        lifted = len(z) > 0 and float(z.mean()) * math.sqrt(len(z)) >= self.ctx.config.divergence.growth_z
+        return onset if lifted else first
 
     def _change_point(self, sums: list[tuple[np.ndarray, np.ndarray]], past: list[np.ndarray], j: int,
                       i: int) -> tuple[str, int]:

@@ -2567,22 +2567,41 @@ def test_87_a_far_out_row_that_tips_a_cusum_over_is_a_spike_at_that_row(seed: in
     assert (f.kind, f.onset_step, f.evidence["rule"], f.severity) == ("spike", 640, "shewhart", "info"), f.message
 
 
-# 88. An excursion that alarmed only after an LR raise began is not dated before the raise.
+# 88. An excursion that alarmed only after an LR raise began is not dated before the raise, unless the rows before it
+# were lifted already.
 
 def test_88_an_excursion_that_alarmed_after_an_lr_raise_is_dated_at_its_first_consequence() -> None:
-    """Real CPU training (fresh seed 103205's run 064, ``tests/fixtures/fresh``, the main line): logged every 2 steps
-    on a noisy host, resumed from checkpoint 296; the LR grows x1.06 a step from 940 and the loss blows up. The
-    loss wobbled up from 924 as it does on its clean twin, and the CUSUM, alarming only at 1002, dated the change at
-    its last zero: a divergence from 924, 16 steps before its cause (the labelled divergence missed and a false one
-    counted). Rows before the raise were not enough to alarm on, so they are no onset: the raise's first consequence
-    is, 940 on this coarse log (the unlogged update 939 may already carry it). Fails on HEAD~1 (924). The advice
-    stays checkpoint 888."""
-    steps, cols = _fresh_run("f103205-064")
+    """Real CPU training (fresh seed 158901's run 081, ``tests/fixtures/fresh``, the main line): fp16 on a noisy host,
+    resumed from checkpoint 430, checkpoints every 86; the LR grows from 776 and the loss blows up (NaN at 1072). The
+    CUSUM, alarming only after the raise, dated the change at its last zero: a divergence from 763, 13 steps before
+    its cause, and checkpoint 688 advised. The rows 763-776 do not stand out from the level by themselves (under
+    ``growth_z`` standard errors), so the raise's first consequence is the onset: 777, and checkpoint 774, the last
+    whose every update ran under the old LR. Fails on 19f7601, before the rule (763, 688)."""
+    steps, cols = _fresh_run("f158901-081")
     seg = cols.pop("segment").astype(int)
-    report = analyze(rows_table(steps, seg, **cols), _ckpts(list(range(148, 1185, 148)), resume=(1, 296)))
+    events = _ckpts(list(range(86, 431, 86)) + list(range(516, 1291, 86)), resume=(1, 430))
+    report = analyze(rows_table(steps, seg, **cols), events)
     [div] = [f for f in report.findings if f.kind == "divergence"]
-    assert (div.segment, div.onset_step, div.needs_action) == (1, 940, True), div
-    assert report.rollback is not None and report.rollback.checkpoint_step == 888, report.rollback
+    assert (div.segment, div.onset_step, div.needs_action) == (1, 777, True), div
+    assert report.rollback is not None and report.rollback.checkpoint_step == 774, report.rollback
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_88_guard_rows_lifted_before_the_raise_keep_the_onset(seed: int) -> None:
+    """A lift of 4 noise sigmas from row 600, a far rise on top from 606, and the LR doubled from 603: the alarm came
+    after the raise, but the three rows before it stood 4 sigmas up, a lift of their own (a review's case: the
+    first version of the rule dated it 604 and advised checkpoint 602, inside the lift). The onset stays with the
+    lift and the advice before it: checkpoint 598. Fails on 430ce70, the rule's first version (every seed), and on
+    7f7a1ad, before it (seed 0: another rule dated it 604)."""
+    n = 1000
+    loss, grad = loss_curve(n, seed=seed), grad_curve(n, seed=seed + 10)
+    lr = np.full(n, 1e-3)
+    lr[603:] *= 2.0
+    loss[600:] += 0.12
+    loss[606:] += 0.5
+    report = analyze(rows_table(np.arange(n), loss=loss, grad_norm=grad, lr=lr), _ckpts([500, 590, 598, 602]))
+    [f] = report.findings
+    assert f.onset_step <= 602 and report.rollback.checkpoint_step == 598, (f, report.rollback)
 
 
 @pytest.mark.parametrize("seed", range(3))
