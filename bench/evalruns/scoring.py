@@ -133,8 +133,8 @@ def match_run(run: str, labels: list[dict], preds: list[Pred], scores: dict[str,
     return matched
 
 
-MISS_CLASSES = ("inside another fault that needs action", "inside another fault", "found as the other kind",
-                "inside a finding open since before it", "found nowhere")
+MISS_CLASSES = ("inside another fault that needs action", "inside another fault that needs none",
+                "found as the other kind", "inside a finding open since before it", "found nowhere")
 """Why a spike or divergence label was missed, the first that applies:
 - *inside another fault*: its onset lies inside an earlier labelled fault's excursion in the same segment, a fault
   that changed the weights or skipped their updates (``truth.EXCURSION_KINDS``: a stall or slowdown leaves them);
@@ -143,7 +143,8 @@ MISS_CLASSES = ("inside another fault that needs action", "inside another fault"
 - *found as the other kind*: a divergence (or spike) prediction in its window, the kind the cause was read as;
 - *inside a finding open since before it*: a loss-kind prediction that began earlier and was still open at its
   onset (one episode, two labels);
-- *found nowhere*: no loss-kind prediction covers it."""
+- *found nowhere*: none of these (a prediction the one-to-one matching gave to another label counts for them too,
+  so one that began after this onset and went to a neighbour leaves it here)."""
 
 
 def miss_class(lab: dict, labels: list[dict], preds: list[Pred], window: int) -> str:
