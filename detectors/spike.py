@@ -226,7 +226,7 @@ class SpikeScanner:
         if rule != "shewhart":  # a CUSUM's change point: the observation after its last zero
             onset = min(onset, zero + 1)
         anchor = max(onset, self.floor)
-        onset = max(self._not_before_its_cause(obs, onset, trigger), self.floor)
+        onset = self._not_before_its_cause(obs, anchor, trigger)
         self._open(onset, trigger, rule, loss, int(np.argmax([zl_c[trigger - lo], zg_c[trigger - lo]])), anchor)
 
     def _not_before_its_cause(self, obs: Observations, onset: int, trigger: int) -> int:
@@ -252,9 +252,10 @@ class SpikeScanner:
         first = first_consequence(steps, rise)
         if not onset < first <= trigger:
             return onset
-        # Not enough to alarm on is not nothing: rows before the raise that stand ``growth_z`` standard errors above
-        # the level as the CUSUM reads them (clipped, in the scale with the wander) carry a lift of their own, and
-        # the excursion began with them (a 4-sigma lift three rows before an LR doubling: a checkpoint inside it).
+        # Not enough to alarm on is not nothing: rows before the raise whose mean stands ``growth_z`` standard errors
+        # above the level at the onset, in the scale with the wander and clipped as the CUSUM clips them, carry a lift
+        # of their own, and the excursion began with them (a 4-sigma lift three rows before an LR doubling: a
+        # checkpoint inside it).
         level = self._baselines(obs["loss"], onset, onset + 1)[0][0]
         total = self.loss_base.total_scale(onset, onset + 1)[0]
         with np.errstate(invalid="ignore"):
