@@ -248,6 +248,12 @@ class DivergenceConfig:
     (DETECTION.md section 2) is found."""
     lr_shift_obs: int = 8
     """Observations after the rise before the test speaks (one block; the level after is their median)."""
+    lr_shift_windows: tuple[int, ...] = (1, 2, 4, 8)
+    """The level after a raise that stayed up is the median of the rows over the last of these many
+    ``lr_shift_obs`` rows (since the raise, at most), the best of the four. An effect that grows with time (an LR
+    still growing, a climb that accelerates) shows in the latest rows first, and a median over the 64 rows since
+    a raise whose loss moved only in its last 10 does not see it. Four looks at the 4-standard-error bar stay
+    far inside the budget (as the burst's three do), and a healthy run makes no raise to test."""
     lr_burst_windows: tuple[int, ...] = (1, 2, 4)
     """An LR burst (a step up that comes back down within ``LRConfig.lag_rows``) is a known change point too:
     the loss after it is tested the same way, over windows of these many ``lr_shift_obs`` rows from its first
@@ -258,6 +264,7 @@ class DivergenceConfig:
         _check(self.min_rise > 0 and self.z_rise > 0, "min_rise and z_rise must be > 0")
         _check(self.lr_shift_z > 0 and self.lr_shift_obs >= 4, "need lr_shift_z > 0 and lr_shift_obs >= 4")
         _check(len(self.lr_burst_windows) > 0 and min(self.lr_burst_windows) >= 1, "lr_burst_windows must be >= 1")
+        _check(len(self.lr_shift_windows) > 0 and min(self.lr_shift_windows) >= 1, "lr_shift_windows must be >= 1")
         _check(self.rising_blocks >= 2, "rising_blocks must be >= 2")
         _check(0 < self.sustained <= 1, "sustained must be in (0, 1]")
 

@@ -811,8 +811,8 @@ def _known_change_point(loss: np.ndarray, rise: int, history: int, cfg: Divergen
 def lr_level_shift(obs: Observations, history: int, cfg: DivergenceConfig, lrc: LRConfig,
                    segment: int) -> Finding | None:
     """A divergence at a known change point (``_known_change_point``): the LR was raised off the schedule and
-    stayed up, and the loss level since is above the level before by ``lr_shift_z`` standard errors (and 5% of
-    it) at the last step."""
+    stayed up, and the loss level over the latest rows since (the best of ``lr_shift_windows``) is above the level
+    before by ``lr_shift_z`` standard errors (and 5% of it) at the last step."""
     steps, loss, lr = obs["step"], obs["loss"], obs["lr"]
     rise = lr_raised_since(steps, lr, lrc, history)
     if rise is None or len(loss) - rise < cfg.lr_shift_obs:
@@ -820,12 +820,18 @@ def lr_level_shift(obs: Observations, history: int, cfg: DivergenceConfig, lrc: 
     lift = _known_change_point(loss, rise, history, cfg)
     if lift is None:
         return None
-    window = 8 * SHIFT_BLOCK
-    z_now, rise_now, level = lift(max(rise, len(loss) - window), len(loss))
+    widths = [k * cfg.lr_shift_obs for k in cfg.lr_shift_windows]
+
+    def lift_to(hi: int) -> tuple[float, float, float]:
+        # The best of the windows ending at row hi: an effect that grows (an LR still growing, a climb that
+        # accelerates) shows in the latest rows first.
+        return max((lift(max(rise, hi - w), hi) for w in widths), key=lambda t: t[0])
+
+    z_now, rise_now, level = lift_to(len(loss))
     if z_now < cfg.lr_shift_z or not level > 0 or rise_now < cfg.min_rise * level:
         return None  # not up now: the run absorbed the raised LR (or it never moved the loss)
-    looks = range(rise + cfg.lr_shift_obs - 1, min(len(loss), rise + 16 * window))  # bounded: a report stays O(1)
-    detected = next((j for j in looks if lift(max(rise, j + 1 - window), j + 1)[0] >= cfg.lr_shift_z), len(loss) - 1)
+    looks = range(rise + cfg.lr_shift_obs - 1, min(len(loss), rise + 16 * max(widths)))  # bounded: O(1) a report
+    detected = next((j for j in looks if lift_to(j + 1)[0] >= cfg.lr_shift_z), len(loss) - 1)
     span = np.where(np.isfinite(loss[rise:]), loss[rise:], -np.inf)
     peak = rise + int(np.argmax(span))
     before_lr, now_lr = (float(lr[rise - 1]) if rise > 0 and lr[rise - 1] > 0 else None), float(lr[-1])

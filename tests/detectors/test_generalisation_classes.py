@@ -2615,3 +2615,19 @@ def test_88_guard_an_excursion_that_alarmed_before_the_raise_keeps_its_onset(see
     loss[600:] += 0.09
     [f] = analyze(rows_table(np.arange(n), loss=loss, grad_norm=grad, lr=lr)).findings
     assert f.onset_step == 600 and f.evidence["trigger_step"] < 640, f
+
+
+# 89. A raise whose effect grows is judged over the latest rows too.
+
+def test_89_a_raise_whose_effect_shows_in_the_latest_rows_is_a_divergence() -> None:
+    """Real CPU training (fresh seed 444131's run 055, ``tests/fixtures/fresh``): fp32, batch 1, a step schedule,
+    checkpoints every 75; the LR grows off the schedule from 1092, x70 by the last row (1230), and the loss,
+    whose batch-1 noise spans 0.4-3.5, moves only over the last ~15 rows. The change-point test compared the
+    median of the last 64 rows with the level before: 64 rows of which 50 are unmoved, nothing found, and no
+    advice. The latest 8, 16 and 32 rows are looked at too (``DivergenceConfig.lr_shift_windows``): a divergence
+    from 1093, the raise's first consequence, and checkpoint 1050. Fails on 82a8367 (no finding)."""
+    report = _fresh_report("f444131-055")
+    [div] = [f for f in report.findings if f.kind == "divergence"]
+    assert (div.onset_step, div.needs_action, div.evidence["rule"]) == (1093, True, "lr_change_point"), div
+    assert div.evidence["lr_ratio"] > 50, div.evidence
+    assert report.rollback is not None and report.rollback.checkpoint_step == 1050, report.rollback
