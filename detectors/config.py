@@ -249,11 +249,13 @@ class DivergenceConfig:
     lr_shift_obs: int = 8
     """Observations after the rise before the test speaks (one block; the level after is their median)."""
     lr_shift_windows: tuple[int, ...] = (1, 2, 4, 8)
-    """The level after a raise that stayed up is the median of the rows over the last of these many
-    ``lr_shift_obs`` rows (since the raise, at most), the best of the four. An effect that grows with time (an LR
-    still growing, a climb that accelerates) shows in the latest rows first, and a median over the 64 rows since
-    a raise whose loss moved only in its last 10 does not see it. Four looks at the 4-standard-error bar stay
-    far inside the budget (as the burst's three do), and a healthy run makes no raise to test."""
+    """The level after a raise that stayed up is the median of the rows since it over the longest of these many
+    ``lr_shift_obs`` rows, and over each shorter one ending at the last row in which the LR still grew (by
+    ``LRConfig.flat`` at least): the best that stands ``min_rise`` up. An effect that grows with its cause (an LR
+    growing x70 over 138 rows, fresh seed 444131's run 055) moves the loss in its latest rows only, and a median
+    over 64 rows, 50 of them unmoved, does not see it. Under an LR that stopped growing the short windows are not
+    looked at: each new row would make them new looks at one and the same change (a review's simulation of a
+    harmless x2 step raise paged 3-9 times as often with them, watched live)."""
     lr_burst_windows: tuple[int, ...] = (1, 2, 4)
     """An LR burst (a step up that comes back down within ``LRConfig.lag_rows``) is a known change point too:
     the loss after it is tested the same way, over windows of these many ``lr_shift_obs`` rows from its first

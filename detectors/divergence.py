@@ -786,7 +786,8 @@ def _known_change_point(loss: np.ndarray, rise: int, history: int, cfg: Divergen
     nb = len(history_rows) // SHIFT_BLOCK
     if nb < 4:
         return None
-    # The spread from up to 16 blocks (15 differences: ~19% relative error, where 8 blocks give ~27%).
+    # The spread from up to 16 blocks (15 differences: a MAD of them is ~30% off sigma by chance, 1 in 20 times
+    # under 0.55 of it: a review's 20,000 Gaussian draws; fewer blocks are worse).
     blocks = row_median(history_rows[len(history_rows) - nb * SHIFT_BLOCK:].reshape(nb, SHIFT_BLOCK))
     spread = MAD_TO_SIGMA * float(np.median(np.abs(np.diff(blocks)))) / np.sqrt(2.0)  # a trend cancels
     if not spread > 0:
@@ -811,8 +812,9 @@ def _known_change_point(loss: np.ndarray, rise: int, history: int, cfg: Divergen
 def lr_level_shift(obs: Observations, history: int, cfg: DivergenceConfig, lrc: LRConfig,
                    segment: int) -> Finding | None:
     """A divergence at a known change point (``_known_change_point``): the LR was raised off the schedule and
-    stayed up, and the loss level over the latest rows since (the best of ``lr_shift_windows``) is above the level
-    before by ``lr_shift_z`` standard errors (and 5% of it) at the last step."""
+    stayed up, and the loss level since (over the rows of ``lr_shift_windows``: the last 64 at most, and shorter
+    windows only while the LR still grows) is above the level before by ``lr_shift_z`` standard errors (and 5% of
+    it) at the last step."""
     steps, loss, lr = obs["step"], obs["loss"], obs["lr"]
     rise = lr_raised_since(steps, lr, lrc, history)
     if rise is None or len(loss) - rise < cfg.lr_shift_obs:
@@ -821,14 +823,20 @@ def lr_level_shift(obs: Observations, history: int, cfg: DivergenceConfig, lrc: 
     if lift is None:
         return None
     widths = [k * cfg.lr_shift_obs for k in cfg.lr_shift_windows]
+    known = np.isfinite(lr) & (lr > 0)
+    lr_at = lr[np.maximum.accumulate(np.where(known, np.arange(len(lr)), 0))]  # the last LR logged by each row
 
     def lift_to(hi: int) -> tuple[float, float, float]:
-        # The best of the windows ending at row hi: an effect that grows (an LR still growing, a climb that
-        # accelerates) shows in the latest rows first.
-        return max((lift(max(rise, hi - w), hi) for w in widths), key=lambda t: t[0])
+        # The rows since the raise (the longest window at most), and each shorter window ending at row hi over
+        # which the LR still grew: an effect that grows with its cause shows in the latest rows first. Under an
+        # LR that stopped growing a short window is one more look at the same change with every new row.
+        looks = [max(rise, hi - max(widths))] + [hi - w for w in widths if hi - w > rise
+                                                 and lr_at[hi - 1] >= lrc.flat * lr_at[hi - w]]
+        lifted = [t for t in (lift(lo, hi) for lo in looks) if t[2] > 0 and t[1] >= cfg.min_rise * t[2]]
+        return max(lifted, key=lambda t: t[0], default=(-math.inf, 0.0, math.nan))
 
     z_now, rise_now, level = lift_to(len(loss))
-    if z_now < cfg.lr_shift_z or not level > 0 or rise_now < cfg.min_rise * level:
+    if z_now < cfg.lr_shift_z:
         return None  # not up now: the run absorbed the raised LR (or it never moved the loss)
     looks = range(rise + cfg.lr_shift_obs - 1, min(len(loss), rise + 16 * max(widths)))  # bounded: O(1) a report
     detected = next((j for j in looks if lift_to(j + 1)[0] >= cfg.lr_shift_z), len(loss) - 1)

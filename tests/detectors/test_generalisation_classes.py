@@ -2631,3 +2631,30 @@ def test_89_a_raise_whose_effect_shows_in_the_latest_rows_is_a_divergence() -> N
     assert (div.onset_step, div.needs_action, div.evidence["rule"]) == (1093, True, "lr_change_point"), div
     assert div.evidence["lr_ratio"] > 50, div.evidence
     assert report.rollback is not None and report.rollback.checkpoint_step == 1050, report.rollback
+
+
+@pytest.mark.parametrize("live", [False, True])
+def test_89_guard_a_harmless_step_raise_is_not_looked_at_again_with_every_row(live: bool) -> None:
+    """A review's case: the loss 2 + exp(-t/300) with Gaussian noise of 0.3 (seed 76), the LR doubled at 900 and kept
+    there, the loss untouched. Windows ending at the last row are new looks with every row; under an LR that stopped
+    growing they are looks at one and the same change, and on e1f141f the last 8 rows of 1500 read 4.1 standard
+    errors up (a spread estimated at half the truth): a critical divergence, and pages on 17 of the 75 live reports
+    after the raise. Only the rows since the raise (64 at most) are looked at now, as before e1f141f: nothing, at
+    the end or at any row watched live. Fails on e1f141f (both)."""
+    n = 1500
+    rng = np.random.default_rng(76)
+    steps = np.arange(n)
+    loss = 2.0 + np.exp(-steps / 300) + rng.normal(0, 0.3, n)
+    lr = np.full(n, 3e-4)
+    lr[900:] = 6e-4
+    if not live:
+        report = analyze(rows_table(steps, loss=loss, lr=lr))
+        assert not any(f.evidence.get("rule") == "lr_change_point" for f in report.findings), report.findings
+        return
+    live_analyzer, pages = StreamingAnalyzer(None), []
+    for i, row in enumerate(rows_table(steps, loss=loss, lr=lr).drop_columns(["main"]).to_pylist()):
+        live_analyzer.update(row)
+        if i >= 900 and i % 8 == 7:  # the report a watcher reads every 8 rows after the raise
+            pages += [(i, f.onset_step) for f in live_analyzer.report().findings
+                      if f.evidence.get("rule") == "lr_change_point"]
+    assert pages == [], pages
