@@ -255,7 +255,7 @@ class DivergenceConfig:
     growing x70 over 138 rows, fresh seed 444131's run 055) moves the loss in its latest rows only, and a median
     over 64 rows, 50 of them unmoved, does not see it. Under an LR that stopped growing the short windows are not
     looked at: each new row would make them new looks at one and the same change (a review's simulation of a
-    harmless x2 step raise paged 3-9 times as often with them, watched live)."""
+    harmless x2 step raise paged 3-10 times as often with them, watched live)."""
     lr_burst_windows: tuple[int, ...] = (1, 2, 4)
     """An LR burst (a step up that comes back down within ``LRConfig.lag_rows``) is a known change point too:
     the loss after it is tested the same way, over windows of these many ``lr_shift_obs`` rows from its first
