@@ -415,7 +415,18 @@ class ScalerScanner:
                     "num_skipped": int(ep["num_skipped"]), "below_floor": below, "floor": cfg.floor,
                     "still_skipping": still_skipping, "detected_step": int(steps[min(ep["first"], n - 1)]),
                     "earliest_onset_step": int(steps[ep["first_lo"]])}
+        # Back within 2^recovered_within of the scale before: when, counted from the onset (a late recovery is a
+        # recovery, and its time is part of the story: hundreds of steps at a 16x lower scale is not "at once").
+        regrown = None
+        if recovered is True and math.isfinite(before):
+            with np.errstate(invalid="ignore"):
+                back = np.flatnonzero(obs["loss_scale"][ep["min_i"]:] >= before / 2.0 ** cfg.recovered_within)
+            regrown = ep["min_i"] + int(back[0]) if len(back) else None
+        evidence["recovery_steps"] = None if regrown is None else int(steps[regrown] - steps[ep["first"]])
         state = {True: "the scaler is back to normal", False: "it did not recover", None: "not recovered yet"}[recovered]
+        if regrown is not None and regrown > ep["last_skip"] + 1:
+            state += (f" (regrown to {float(obs['loss_scale'][regrown]):g} by step {int(steps[regrown])}, "
+                      f"{evidence['recovery_steps']} steps after the onset)")
         scales = f"{before:g} -> {low:g}, " if math.isfinite(low) and math.isfinite(before) else ""
         pinned = "every step skipped at the minimum scale, " if still_skipping and halvings < 1 else ""
         message = (f"loss scale collapsed from step {int(steps[ep['first']])}: {scales}{pinned}"

@@ -73,6 +73,21 @@ def test_burst_that_regrows_is_self_recovered() -> None:
     assert f.self_recovered is True and not f.needs_action
 
 
+def test_a_late_regrowth_is_a_recovery_that_says_when() -> None:
+    # Fresh seed 537847's run 041: 4096 -> 256 in four skipped steps at 200, and a growth interval of ~900 steps, so
+    # the scale sits 16x lower for 900 steps and is back within 4x of 4096 only at 2004. A recovery (late), whose
+    # time is part of what the finding says: before, "the scaler is back to normal" named no step after 203.
+    scale = np.array([4096.0] * 200 + [2048.0, 1024.0, 512.0, 256.0] + [256.0] * 900 + [512.0] * 900 + [1024.0] * 100)
+    [f] = detect_scaler_collapse(np.arange(len(scale)), scale)
+    assert f.self_recovered is True and not f.needs_action and f.evidence["recovery_steps"] == 1804
+    assert "regrown to 1024 by step 2004, 1804 steps after the onset" in f.message, f.message
+    # Regrown at once (the DeepSpeed reward-model shape regrows a doubling every 30 steps): its time, no extra words.
+    regrow = [float(2 ** k) for k in range(6, 15) for _ in range(30)]
+    scale = np.array(_sawtooth(5) + [2.0 ** k for k in range(15, 5, -1)] + regrow)
+    [f] = detect_scaler_collapse(np.arange(len(scale)), scale)
+    assert f.self_recovered is True and f.evidence["recovery_steps"] > 0
+
+
 def test_burst_that_stays_low_needs_action() -> None:
     # One regrowth (64 -> 128) after a 9-halving burst is not recovery; the window runs out.
     scale = np.array(_sawtooth(5) + [2.0 ** k for k in range(15, 5, -1)] + [64.0] * 100 + [128.0] * 150)
