@@ -23,7 +23,7 @@ import numpy as np
 
 from runwatch.detectors.config import AdviceConfig, DivergenceConfig, LRConfig
 from runwatch.detectors.core import MAD_TO_SIGMA, BlockBaseline, Grow, row_median, safe_log, two_level_sse
-from runwatch.detectors.finding import Finding, fmt_value
+from runwatch.detectors.finding import Finding, fmt_value, recovery_steps
 from runwatch.detectors.scanner import Observations, ScanContext, own_findings
 
 GROWTH_BLOCKS = 64
@@ -693,12 +693,14 @@ class DivergenceScanner:
         # A climb on the schedule's warm restart that came back down is the schedule (its clean twin does it too).
         restart = restart_before(steps, lr, onset, end, self.ctx.config.lr, self.ctx.history) if recovered else None
         evidence["lr_restart_step"] = None if restart is None else int(steps[restart])
+        evidence["recovery_steps"] = recovery_steps(steps, onset, end + 1) if recovered else None
         extra = [f"grad norm x{grad_ratio:.2g}" for _ in [0] if grad_ratio is not None]
         extra += [f"act norm x{act_ratio:.2g}" for _ in [0] if act_ratio is not None]
         message = (f"loss diverging from step {int(steps[onset])}: {best:.4g} -> {fmt_value(evidence['peak_loss'])}"
                    + (f" ({', '.join(extra)})" if extra else "")
                    + ("" if restart is None else f" after the schedule's warm restart of the LR at step {int(steps[restart])}")
-                   + ("; it came back down" if recovered else "; still climbing or high at the last step"))
+                   + (f"; it came back down after {evidence['recovery_steps']} steps" if recovered
+                      else "; still climbing or high at the last step"))
         severity = "critical" if not recovered else "warning" if restart is None else "info"
         return Finding(kind="divergence", onset_step=int(steps[onset]), end_step=int(steps[end]),
                        peak_step=int(steps[peak]), segment=self.ctx.segment,
@@ -949,7 +951,7 @@ def lr_burst_shifts(obs: Observations, history: int, config: object, segment: in
                     "lr_raised": True, "lr_still_raised": False, "lr_scheduled": False, "baseline_loss": level,
                     "loss_after": level + up, "peak_loss": float(span.max()) if np.isfinite(span).any() else None,
                     "shift_se": z, "detected_step": int(steps[hi - 1]),
-                    "recovery_steps": None if lasting else int(steps[end] - steps[c])}
+                    "recovery_steps": None if lasting else recovery_steps(steps, c, end)}
         message = (f"loss level up after the learning rate burst at step {int(steps[a])} "
                    f"(x{burst_lr / before_lr:.3g} until step {int(steps[back])}): {level:.4g} -> {level + up:.4g}, "
                    f"{z:.1f} standard errors; " + ("still up at the last step" if lasting else

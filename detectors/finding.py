@@ -7,6 +7,7 @@ dashboard and the evaluation read the same fields.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 from runwatch.detectors.registry import KINDS
@@ -25,6 +26,13 @@ def clean_json(value: object) -> object:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
+
+
+def recovery_steps(steps: Sequence[int], onset: int, back: int | None) -> int | None:
+    """Steps from an excursion's onset (a row) to its first row back to normal (``back``, a row; None when it never
+    came back): how long a finding that recovered by itself took (DETECTION.md section 5: a late recovery is a
+    recovery, and its time is recorded)."""
+    return None if back is None or not 0 <= back < len(steps) else int(steps[back]) - int(steps[onset])
 
 
 @dataclass(frozen=True)

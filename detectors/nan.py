@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from runwatch.detectors.finding import Finding
+from runwatch.detectors.finding import Finding, recovery_steps
 from runwatch.detectors.scanner import Observations, ScanContext
 
 SIGNALS: tuple[str, ...] = ("loss", "grad_norm", "act_norm")
@@ -55,10 +55,12 @@ class NanScanner:
         later = {name: int(steps[i]) for name, i in sorted(self.first.items(), key=lambda kv: kv[1]) if i != onset}
         message = (f"non-finite {which} at step {int(steps[onset])}"
                    + (f" (then {', '.join(f'{k} at {v}' for k, v in later.items())})" if later else "")
-                   + ("; finite again afterwards" if recovered else "; still not finite at the last step"))
+                   + (f"; finite again after {recovery_steps(steps, onset, last + 1)} steps" if recovered
+                      else "; still not finite at the last step"))
         evidence = {"detected_step": int(steps[onset]), "first_signal": firsts[0] if len(firsts) == 1 else "both", "first_signals": firsts,
                     "first_step": {name: int(steps[i]) for name, i in sorted(self.first.items(), key=lambda kv: kv[1])},
-                    "num_nonfinite": {k: v for k, v in self.counts.items() if v}}
+                    "num_nonfinite": {k: v for k, v in self.counts.items() if v},
+                    "recovery_steps": recovery_steps(steps, onset, last + 1) if recovered else None}
         return [Finding(kind="nan", onset_step=int(steps[onset]), end_step=int(steps[last]),
                         peak_step=int(steps[onset]), segment=self.segment, severity=severity,
                         self_recovered=recovered, needs_action=not recovered, evidence=evidence, message=message)]

@@ -36,7 +36,7 @@ import numpy as np
 
 from runwatch.detectors.config import ScalerConfig
 from runwatch.detectors.core import Grow, cusum
-from runwatch.detectors.finding import Finding
+from runwatch.detectors.finding import Finding, recovery_steps
 from runwatch.detectors.scanner import Observations, ScanContext
 
 
@@ -422,7 +422,7 @@ class ScalerScanner:
             with np.errstate(invalid="ignore"):
                 back = np.flatnonzero(obs["loss_scale"][ep["min_i"]:] >= before / 2.0 ** cfg.recovered_within)
             regrown = ep["min_i"] + int(back[0]) if len(back) else None
-        evidence["recovery_steps"] = None if regrown is None else int(steps[regrown] - steps[ep["first"]])
+        evidence["recovery_steps"] = recovery_steps(steps, ep["first"], regrown)
         state = {True: "the scaler is back to normal", False: "it did not recover", None: "not recovered yet"}[recovered]
         if regrown is not None and regrown > ep["last_skip"] + 1:
             state += (f" (regrown to {float(obs['loss_scale'][regrown]):g} by step {int(steps[regrown])}, "

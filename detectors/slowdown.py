@@ -32,7 +32,7 @@ from runwatch.detectors.core import (
     two_level_sse,
 )
 from runwatch.detectors.config import SlowdownConfig
-from runwatch.detectors.finding import Finding
+from runwatch.detectors.finding import Finding, recovery_steps
 from runwatch.detectors.scanner import Observations, ScanContext
 
 SCAN_CHUNK = 32768
@@ -201,7 +201,9 @@ class SlowdownScanner:
             level = float(np.nanmedian(span))
             rise = level / base - 1
             peak = onset + int(np.nanargmax(span))
-            state = "back to normal" if recovered else "still slow at the last step"
+            took = recovery_steps(steps, onset, end + 1) if recovered else None
+            state = f"back to normal after {took} steps" if took is not None else \
+                "back to normal" if recovered else "still slow at the last step"
             out.append(Finding(
                 kind="slowdown", onset_step=int(steps[onset]), end_step=int(steps[end]), peak_step=int(steps[peak]),
                 segment=self.ctx.segment, severity="warning" if rise >= cfg.warn_rise else "info",
@@ -209,7 +211,7 @@ class SlowdownScanner:
                 evidence={"baseline_step_s": base, "median_step_s": level, "rise": rise, "rule": ep.rule,
                           "variability_upper_bound": math.expm1(ep.frozen["scale_ucb"]),
                           "normal_variability": math.expm1(ep.frozen["scale"]),
-                          "detected_step": int(steps[ep.trigger])},
+                          "detected_step": int(steps[ep.trigger]), "recovery_steps": took},
                 message=f"steps {rise:.0%} slower from step {int(steps[onset])} "
                         f"({base:.3g}s -> {level:.3g}s per step, normal variability "
                         f"{math.expm1(ep.frozen['scale']):.0%}); {state}"))

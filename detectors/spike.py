@@ -61,7 +61,7 @@ from runwatch.detectors.divergence import (
     restart_before,
     trained_level,
 )
-from runwatch.detectors.finding import Finding, fmt_value
+from runwatch.detectors.finding import Finding, fmt_value, recovery_steps
 from runwatch.detectors.scanner import Observations, ScanContext, own_findings
 
 SCAN_CHUNK = 32768
@@ -840,7 +840,7 @@ def classify(sc: SpikeScanner, ep: Episode, obs: Observations) -> Finding | None
         "detected_step": int(steps[out_of_patience]) if recovered is False
         else int(steps[max(ep.trigger, onset)]),
         **lr_story, **lasting,
-        "recovery_steps": int(steps[ep.recovered_at] - steps[onset]) if ep.recovered_at is not None else None,
+        "recovery_steps": recovery_steps(steps, onset, ep.recovered_at),
         "uncorroborated": quiet,
     }
     if recovered is False and loss_moved:  # still climbing at the end is a change in slope: a divergence's shape

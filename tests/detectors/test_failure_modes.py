@@ -172,3 +172,27 @@ def test_a_few_slow_steps_are_a_hiccup_not_a_slowdown() -> None:
     st[300:340] = 0.02  # forty steps twice as slow: sustained
     [f] = detect_slowdowns(np.arange(500), st)
     assert (f.onset_step, f.end_step, f.severity) == (300, 339, "warning")
+    # Back to normal at 340: the time it took is part of the finding, as a spike's is.
+    assert f.evidence["recovery_steps"] == 40 and f.message.endswith("back to normal after 40 steps"), f.message
+
+
+def test_every_kind_that_recovered_says_how_long_it_took() -> None:
+    """``evidence.recovery_steps``, onset to the first row back to normal, on each kind that can come back by
+    itself (DETECTION.md section 5: a late recovery is a recovery; record how long it took): a NaN finite again,
+    a loss climb that came back down; None where it did not."""
+    steps = np.arange(100)
+    loss, grad, act = np.full(100, 2.0), np.full(100, 0.5), np.full(100, 3.0)
+    grad[40:43] = np.nan  # three non-finite grad norms the scaler did not skip, then finite again
+    present, no = np.ones(100, bool), np.zeros(100, bool)
+    [f] = detect_nan(steps, nonfinite_masks(loss, grad, act, present, present, present, no), loss_finite_after=True)
+    assert f.self_recovered and f.evidence["recovery_steps"] == 3 and "finite again after 3 steps" in f.message
+    grad[60:] = np.nan
+    [f] = detect_nan(steps, nonfinite_masks(loss, grad, act, present, present, present, no), loss_finite_after=True)
+    assert not f.self_recovered and f.evidence["recovery_steps"] is None
+    n = 1500
+    climb = loss_curve(n) + np.where(np.arange(n) >= 800, np.minimum(np.arange(n) - 800, 1000 - np.arange(n)), 0) * 0.01
+    climb[800:] = np.maximum(climb[800:], loss_curve(n)[800:])  # up 1.0 by 900 and back down by 1000
+    found = [f for f in detect_divergence(np.arange(n), climb, grad_curve(n), np.full(n, 10.0), np.full(n, 3e-4))
+             if f.self_recovered]
+    assert found and all(f.evidence["recovery_steps"] > 0 and f"came back down after {f.evidence['recovery_steps']} steps"
+                         in f.message for f in found), found
