@@ -51,16 +51,16 @@ class NanScanner:
         last = max(self.last.values())
         recovered = last < self.pos - 1 and loss_finite_after
         severity = "warning" if recovered else "critical"
+        took = recovery_steps(steps, onset, last + 1) if recovered else None
         which = " and ".join(firsts)
         later = {name: int(steps[i]) for name, i in sorted(self.first.items(), key=lambda kv: kv[1]) if i != onset}
         message = (f"non-finite {which} at step {int(steps[onset])}"
                    + (f" (then {', '.join(f'{k} at {v}' for k, v in later.items())})" if later else "")
-                   + (f"; finite again after {recovery_steps(steps, onset, last + 1)} steps" if recovered
-                      else "; still not finite at the last step"))
+                   + (f"; finite again after {took} steps" if recovered else "; still not finite at the last step"))
         evidence = {"detected_step": int(steps[onset]), "first_signal": firsts[0] if len(firsts) == 1 else "both", "first_signals": firsts,
                     "first_step": {name: int(steps[i]) for name, i in sorted(self.first.items(), key=lambda kv: kv[1])},
                     "num_nonfinite": {k: v for k, v in self.counts.items() if v},
-                    "recovery_steps": recovery_steps(steps, onset, last + 1) if recovered else None}
+                    "recovery_steps": took}
         return [Finding(kind="nan", onset_step=int(steps[onset]), end_step=int(steps[last]),
                         peak_step=int(steps[onset]), segment=self.segment, severity=severity,
                         self_recovered=recovered, needs_action=not recovered, evidence=evidence, message=message)]
