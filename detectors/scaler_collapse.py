@@ -363,13 +363,11 @@ class ScalerScanner:
         items.sort(key=lambda it: it[0]["first"])
         # One that ended without regrowing and regrew later, before the next incident, recovered late: a late
         # recovery is a recovery (the scaler regrows a doubling per growth interval, the run went on healthy).
-        scale, within = obs["loss_scale"], 2.0 ** self.cfg.recovered_within
         for k, (ep, rec) in enumerate(items):
-            if rec is False and math.isfinite(ep["before"]):
+            if rec is False:
                 upto = next((it[0]["first"] for it in items[k + 1:] if it[0]["first"] > ep["end"]), len(steps))
-                with np.errstate(invalid="ignore"):
-                    if np.any(scale[ep["end"] + 1:upto] >= ep["before"] / within):
-                        items[k] = (ep, True)
+                if self._regrown_at(obs["loss_scale"], ep["before"], ep["end"] + 1, upto) is not None:
+                    items[k] = (ep, True)
         merged: list[tuple[dict, bool | None]] = []
         for ep, rec in items:  # one incident, one finding: a skip burst and its halving chain overlap
             if merged and ep["first"] <= merged[-1][0].get("end", len(steps) - 1) + 1:
@@ -389,6 +387,14 @@ class ScalerScanner:
                 merged.append((ep, rec))
         out = [self._classify(ep, rec, obs) for ep, rec in merged]
         return out
+
+    def _regrown_at(self, scale: np.ndarray, before: float, lo: int, hi: int) -> int | None:
+        """The first row in lo..hi-1 where the scale is back within 2^``recovered_within`` of ``before``, or None."""
+        if not math.isfinite(before):
+            return None
+        with np.errstate(invalid="ignore"):
+            back = np.flatnonzero(scale[lo:hi] >= before / 2.0 ** self.cfg.recovered_within)
+        return lo + int(back[0]) if len(back) else None
 
     def _counts(self, ep: dict) -> bool:
         """A skip burst always counts; a halving chain once it fell under the floor, or 2^min_halvings (outside
@@ -417,11 +423,7 @@ class ScalerScanner:
                     "earliest_onset_step": int(steps[ep["first_lo"]])}
         # Back within 2^recovered_within of the scale before: when, counted from the onset (a late recovery is a
         # recovery, and its time is part of the story: hundreds of steps at a 16x lower scale is not "at once").
-        regrown = None
-        if recovered is True and math.isfinite(before):
-            with np.errstate(invalid="ignore"):
-                back = np.flatnonzero(obs["loss_scale"][ep["min_i"]:] >= before / 2.0 ** cfg.recovered_within)
-            regrown = ep["min_i"] + int(back[0]) if len(back) else None
+        regrown = self._regrown_at(obs["loss_scale"], before, ep["min_i"], n) if recovered is True else None
         evidence["recovery_steps"] = recovery_steps(steps, ep["first"], regrown)
         state = {True: "the scaler is back to normal", False: "it did not recover", None: "not recovered yet"}[recovered]
         if regrown is not None and regrown > ep["last_skip"] + 1:

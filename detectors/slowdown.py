@@ -202,8 +202,7 @@ class SlowdownScanner:
             rise = level / base - 1
             peak = onset + int(np.nanargmax(span))
             took = recovery_steps(steps, onset, end + 1) if recovered else None
-            state = f"back to normal after {took} steps" if took is not None else \
-                "back to normal" if recovered else "still slow at the last step"
+            state = f"back to normal after {took} steps" if recovered else "still slow at the last step"
             out.append(Finding(
                 kind="slowdown", onset_step=int(steps[onset]), end_step=int(steps[end]), peak_step=int(steps[peak]),
                 segment=self.ctx.segment, severity="warning" if rise >= cfg.warn_rise else "info",
