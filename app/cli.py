@@ -47,6 +47,8 @@ def _cmd_import(args: argparse.Namespace) -> int:
           f"({result.num_segments} segment{'s' if result.num_segments != 1 else ''}) under {args.root}")
     if args.skip_bad_lines:
         print(f"skipped {result.num_skipped} bad line{'s' if result.num_skipped != 1 else ''}")
+    for note in result.notes:
+        print(f"runwatch: note: {one_line(note)}", file=sys.stderr)
     return EXIT_OK
 
 

@@ -31,6 +31,8 @@ def _run_import(root_dir: str, fmt: str, path: Path, run: str, skip_bad: bool, r
         return
     st.success(f"Imported {result.num_rows:,} rows and {result.num_events} events into run "
                f"{escape.markdown(result.run)} ({result.num_segments} segment(s); skipped {result.num_skipped} bad line(s)).")
+    for note in result.notes:
+        st.warning(escape.markdown(views.page_terms(note, shown_as)))
     st.page_link("screens/run.py", label=escape.markdown(f"Open {result.run}"), query_params={"run": result.run})
 
 

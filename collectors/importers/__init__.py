@@ -21,6 +21,7 @@ from runwatch.collectors.importers.base import (
     write_import_stream,
 )
 from runwatch.collectors.importers.formats import FORMATS, get_format, sniff_formats
+from runwatch.collectors.importers.textlog import IMPORT_NOTES
 from runwatch.data.storage import check_run_name
 
 
@@ -62,9 +63,14 @@ def import_logs(fmt: str, paths: list[str | Path], root: str | Path, run: str, *
             raise ValueError(f"{', '.join(map(str, files))}: a value cannot be read ({type(err).__name__}: {err})") \
                 from err
 
-    result = write_import_stream(root, run, chunks(), replace=replace, meta=meta,
-                                 source=", ".join(str(p) for p in files))
-    return dataclasses.replace(result, format=meta["source"].removeprefix("import:"))
+    notes = IMPORT_NOTES.set([])
+    try:
+        result = write_import_stream(root, run, chunks(), replace=replace, meta=meta,
+                                     source=", ".join(str(p) for p in files))
+        return dataclasses.replace(result, format=meta["source"].removeprefix("import:"),
+                                   notes=tuple(IMPORT_NOTES.get()))
+    finally:
+        IMPORT_NOTES.reset(notes)
 
 
 __all__ = ["FORMATS", "ImportResult", "LogFormatError", "ParsedLog", "detect_format", "get_format", "import_logs",

@@ -82,6 +82,8 @@ class ImportResult:
     # The reading that landed: a format name, or names joined by "+" (see importers.auto).
     format: str = ""
     num_ignored: int = 0
+    # What the import read around, one line each (``textlog.IMPORT_NOTES``: a last line cut short, not read).
+    notes: tuple[str, ...] = ()
 
 
 # Stream positions of consecutive files are this far apart (more lines than any log has).

@@ -10,6 +10,7 @@ not shadow the standard library's ``csv``.
 from __future__ import annotations
 
 import csv
+import io
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from runwatch.collectors.importers.base import LogFormatError, ParsedLog
 from runwatch.collectors.importers.textlog import (
     NUMBER_RE,
     build_table,
+    complete_lines,
     empty_to_null,
     merge_same_step,
     parse_each,
@@ -42,7 +44,7 @@ def sniff(head: str) -> bool:
     return "," in first and "step" in [c.strip().strip('"') for c in first.split(",")]
 
 
-def _records(path: Path) -> tuple[list[str], list[tuple[int, list[str]]], list[tuple[int, int]]]:
+def _records(data: bytes) -> tuple[list[str], list[tuple[int, list[str]]], list[tuple[int, int]]]:
     """Header, (line, fields) of each well-formed data record, (line, number of fields) of the others.
 
     Python's csv module follows quoting as Arrow does and knows each record's
@@ -51,7 +53,7 @@ def _records(path: Path) -> tuple[list[str], list[tuple[int, list[str]]], list[t
     """
     header: list[str] = []
     good, bad, start = [], [], 1
-    with open(path, newline="", encoding="utf-8", errors="replace") as f:
+    with io.TextIOWrapper(io.BytesIO(data), newline="", encoding="utf-8", errors="replace") as f:
         reader = csv.reader((line.replace("\0", "") for line in f))
         for record in reader:
             if record and not header:
@@ -70,25 +72,26 @@ def read_csv_strings(path: Path, skip_bad_lines: bool = False) -> tuple[pa.Table
     A row with the wrong number of columns is an error naming its line, or is
     skipped with ``skip_bad_lines``; no error message repeats the row's text.
     """
+    data = complete_lines(path.read_bytes(), path)  # a last row cut short is no row (its number may be cut too)
     try:
-        with open(path, "rb") as f:
-            header = f.readline().decode("utf-8", errors="replace")
+        header = data.split(b"\n", 1)[0].decode("utf-8", errors="replace")
         names = next(iter(csv.reader([header.rstrip("\r\n").replace("\r", " ").replace("\0", "")])), [])
         opts = pacsv.ConvertOptions(column_types={n: pa.string() for n in names}, strings_can_be_null=False)
-        table = pacsv.read_csv(path, convert_options=opts)
+        table = pacsv.read_csv(pa.BufferReader(data), convert_options=opts)
     except (pa.ArrowInvalid, csv.Error) as err:
-        return _read_record_by_record(path, skip_bad_lines, err)
-    if _line_count(path) == table.num_rows + 1:
+        return _read_record_by_record(path, data, skip_bad_lines, err)
+    if data.count(b"\n") + (not data.endswith(b"\n")) == table.num_rows + 1:
         return table, np.arange(table.num_rows) + 2, 0
-    _, good, _ = _records(path)  # blank lines or quoted line breaks: number the rows exactly
+    _, good, _ = _records(data)  # blank lines or quoted line breaks: number the rows exactly
     lines = np.array([line for line, _ in good], dtype=np.int64)
     return table, (lines if len(lines) == table.num_rows else np.arange(table.num_rows) + 2), 0
 
 
-def _read_record_by_record(path: Path, skip_bad_lines: bool, err: Exception) -> tuple[pa.Table, np.ndarray, int]:
-    """The slow path after Arrow refused the file: find the bad rows' lines, skip them or say where they are."""
+def _read_record_by_record(path: Path, data: bytes, skip_bad_lines: bool,
+                           err: Exception) -> tuple[pa.Table, np.ndarray, int]:
+    """The slow path after Arrow refused the file (``data``): find the bad rows' lines, skip them or say where."""
     try:
-        header, good, bad = _records(path)
+        header, good, bad = _records(data)
     except csv.Error as bad_csv:
         raise LogFormatError(path, None, f"expected a well-formed CSV file ({printable(bad_csv)})") from None
     if not bad:
@@ -101,16 +104,6 @@ def _read_record_by_record(path: Path, skip_bad_lines: bool, err: Exception) -> 
         first.setdefault(name, i)  # a repeated header name: its first column, as Arrow would read it
     columns = {name: pa.array([fields[i] for _, fields in good], pa.string()) for name, i in first.items()}
     return pa.table(columns), np.array([line for line, _ in good], dtype=np.int64), len(bad)
-
-
-def _line_count(path: Path) -> int:
-    """Lines in the file, the last one counted even without a final newline."""
-    count, last = 0, b"\n"
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            count += chunk.count(b"\n")
-            last = chunk[-1:]
-    return count + (last != b"\n")
 
 
 def printable(err: object, limit: int = 200) -> str:

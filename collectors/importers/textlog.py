@@ -10,7 +10,9 @@ Line numbers are array indices + 1.
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Callable, Sequence
+from contextvars import ContextVar
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +25,9 @@ from runwatch.data.record import METRIC_COLUMNS, conform_metrics, metrics_table
 # A number as training logs print it, including NaN/Inf spellings (Arrow's cast accepts these).
 NUMBER_RE = r"[+-]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|[nN]a[nN]|[iI]nf(?:inity)?)"
 _NUMBER_FULL = f"^{NUMBER_RE}$"
+# What an import read around rather than from (a last line cut short), for its result to say; outside an import
+# (a parser called directly) a warning says it. Per context: imports on other threads (the dashboard's) keep their own.
+IMPORT_NOTES: ContextVar[list[str] | None] = ContextVar("runwatch_import_notes", default=None)
 # A wall-clock gap this long between two logged steps means the job stopped and was restarted.
 LONG_GAP_S = 3600.0
 
@@ -33,7 +38,7 @@ def read_text(path: str | Path) -> tuple[pa.Array, bytes | None]:
     One C++ split of the whole file (a single large string) on newline bytes:
     no Python object per line, the bytes are copied once.
     """
-    data = Path(path).read_bytes()
+    data = complete_lines(Path(path).read_bytes(), path)
     if not data:
         return pa.array([], pa.string()), data
     whole = pa.Array.from_buffers(pa.large_binary(), 1, [None, pa.py_buffer(np.array([0, len(data)], np.int64)),
@@ -51,6 +56,24 @@ def read_text(path: str | Path) -> tuple[pa.Array, bytes | None]:
     if data.endswith(b"\n"):
         lines = lines.slice(0, len(lines) - 1)
     return lines, data
+
+
+def complete_lines(data: bytes, path: str | Path) -> bytes:
+    """``data`` through its last newline. A line is complete only with its newline: what follows the last one was cut
+    short (a job killed mid-write) or is still being written (a log followed while it grows), and may end mid-number
+    (``lm loss: 6.3`` of 6.3456, ``loss scale: 1`` of 16384.0), so it is never read as values; a warning names it.
+    Trailing blanks are nothing to read."""
+    cut = data.rfind(b"\n") + 1
+    if not data[cut:].strip():
+        return data
+    line = data.count(b"\n", 0, cut) + 1
+    note = f"{path}:{line}: the last line has no newline (a write cut short?); not read"
+    notes = IMPORT_NOTES.get()
+    if notes is None:
+        warnings.warn(f"runwatch: {note}", RuntimeWarning, stacklevel=2)
+    elif note not in notes:  # `auto` reads a file with every format that recognises it
+        notes.append(note)
+    return data[:cut]
 
 
 def read_lines(path: str | Path) -> pa.Array:

@@ -164,6 +164,13 @@ def test_import_page(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     at = _import(at, "archive/bad.jsonl", "bad-run")
     assert any("bad.jsonl:2" in shown(e.value) for e in at.error)  # the parser's file:line, shown as is
     assert not (root / "run=bad-run").exists()
+    cut = root / "archive" / "cut.log"  # a job killed mid-write: its last line cut short, mid-number
+    cut.write_text("s:0 trl:11.0 lr:0.0001 norm:1.0\ns:1 trl:10.9 lr:0.0001 norm:1.0\ns:2 trl:1")
+    at = _import(at, "archive/cut.log", "cut-run")
+    no_errors(at)
+    assert any("Imported 2 rows" in shown(s.value) for s in at.success)
+    assert [shown(w.value) for w in at.warning] == [f"{cut}:3: the last line has no newline (a write cut short?); "
+                                                    "not read"]
     at = _import(at, "../outside.jsonl", "escaped")
     assert any("outside the dashboard root" in shown(e.value) for e in at.error)
     at = _import(at, "archive/old.jsonl", "../evil")

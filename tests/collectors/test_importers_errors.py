@@ -26,6 +26,7 @@ from runwatch.collectors.importers import (
     wandb,
 )
 from runwatch.data.store import Store
+from tests.realruns import REALRUNS
 
 MEG = (" iteration {step:8d}/    1000 | consumed samples: {s:12d} | elapsed time per iteration (ms): 1000.0 |"
        " learning rate: 1.000E-04 | global batch size:     4 | lm loss: {loss} | loss scale: 4096.0 |"
@@ -72,8 +73,8 @@ def test_skip_bad_lines_counts(tmp_path: Path) -> None:
     path = _write(tmp_path, "a.log", "s:0 trl:2.0\ns:1 trl:nope\ns:2 trl:1.5\ns:3 ???\n")
     parsed = llmc.parse([path], skip_bad_lines=True)
     assert parsed.num_skipped == 2 and parsed.metrics["step"].to_pylist() == [0, 2]
-    text = "\n".join([MEG.format(step=1, s=4, loss="2.0"), MEG.format(step=2, s=8, loss="bad"),
-                      MEG.format(step=3, s=12, loss="1.9")])
+    text = "".join(line + "\n" for line in [MEG.format(step=1, s=4, loss="2.0"), MEG.format(step=2, s=8, loss="bad"),
+                                             MEG.format(step=3, s=12, loss="1.9")])
     parsed = megatron.parse([_write(tmp_path, "m.log", text)], skip_bad_lines=True)
     assert parsed.num_skipped == 1 and parsed.metrics["step"].to_pylist() == [1, 3]
 
@@ -196,3 +197,44 @@ def test_cli_import_ok_and_bad_file(tmp_path: Path) -> None:
     assert res.returncode == 0 and "skipped 1 bad line" in res.stdout
     with Store(tmp_path / "store") as store:
         assert store.rows("bad").num_rows == 2 and pa.types.is_floating(store.rows("bad")["loss"].type)
+
+
+# A line is complete only with its newline: a job killed mid-write leaves its last line cut, often mid-number.
+CUT_LAST_LINES = [
+    (llmc, "s:0 trl:11.0 lr:0.0001 norm:1.0\ns:1 trl:10.9 lr:0.0001 norm:1.0\n", "s:2 trl:1"),  # of 10.8
+    (megatron, MEG.format(step=1, s=4, loss="2.0") + "\n" + MEG.format(step=2, s=8, loss="1.9") + "\n",
+     MEG.format(step=3, s=12, loss="1.8").split("loss scale:")[0] + "loss scale: 4"),  # of 4096.0
+    (csv_log, "step,loss,loss_scale\n1,2.5,4096\n2,2.4,4096\n", "3,2.3,4"),
+]
+
+
+@pytest.mark.parametrize("module, complete, cut", CUT_LAST_LINES)
+def test_a_last_line_without_its_newline_is_not_read(tmp_path: Path, module, complete: str, cut: str) -> None:
+    """Fails on 8db45ea: the cut line landed as a row (``loss scale: 4`` for 4096.0, ``trl:1`` for 10.8)."""
+    path = _write(tmp_path, "x.log", complete + cut)
+    with pytest.warns(RuntimeWarning, match=rf"{path}:{complete.count(chr(10)) + 1}: the last line has no newline"):
+        parsed = module.parse([path])
+    assert parsed.metrics.num_rows == 2 and 3 not in parsed.metrics["step"].to_pylist()
+
+
+@pytest.mark.skipif(not (REALRUNS / "msft-megatron-ds-gpt3-125m-fp16" / "raw.log").is_file(), reason="needs realruns")
+def test_a_real_log_cut_mid_line_imports_healthy_and_says_so(tmp_path: Path) -> None:
+    """A user's report: Microsoft's Megatron-DeepSpeed 125M log (fp16, loss scale 16384 throughout; it ends in a
+    SIGTERM) cut inside iteration 2000's line at ``loss scale: 1``. On 8db45ea the import took 1 for the scale and
+    ``check`` said ACTION: "loss scale collapsed 16384 -> 1 ... it did not recover", with rollback advice. Now the cut
+    line is not read, the import says which line, and the run is healthy (exit 0)."""
+    raw = (REALRUNS / "msft-megatron-ds-gpt3-125m-fp16" / "raw.log").read_bytes()
+    at = raw.index(b" iteration     2000/")
+    cut = raw[:at] + raw[at:raw.index(b"loss scale: 1", at) + len(b"loss scale: 1")]
+    path = tmp_path / "cut.log"
+    path.write_bytes(cut)
+    store = str(tmp_path / "store")
+    res = _cli("import", "megatron", str(path), "--root", store, "--run", "cut")
+    line = cut.count(b"\n") + 1
+    assert res.returncode == 0 and "imported 199 rows" in res.stdout, res.stderr
+    assert res.stderr.strip() == \
+        f"runwatch: note: {path}:{line}: the last line has no newline (a write cut short?); not read"
+    assert import_logs("megatron", [path], tmp_path / "store", "again").notes == \
+        (f"{path}:{line}: the last line has no newline (a write cut short?); not read",)
+    check = _cli("check", "--root", store, "--run", "cut")
+    assert check.returncode == 0 and "HEALTHY" in check.stdout, check.stdout
