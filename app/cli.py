@@ -78,9 +78,13 @@ def _cmd_runs(args: argparse.Namespace) -> int:
         return EXIT_OK
     now = time.time()
     header = ("run", "state", "last step", "segments", "ranks", "rows", "tokens", "updated")
+
+    def cell(value: object) -> str:  # an unreadable run has no counts: a dash, as every other unknown
+        return "-" if value is None else str(value)
+
     lines = [header] + [
-        (r["run"], r.get("state") or "-", "unreadable" if r["error"] else str(r["last_step"]), str(r["num_segments"]),
-         str(r["num_ranks"]), str(r["num_rows"]), "-" if r["tokens"] is None else f"{r['tokens']:,}",
+        (r["run"], r.get("state") or "-", "unreadable" if r["error"] else cell(r["last_step"]), cell(r["num_segments"]),
+         cell(r["num_ranks"]), cell(r["num_rows"]), "-" if r["tokens"] is None else f"{r['tokens']:,}",
          _ago(None if r["last_update"] is None else now - r["last_update"]))
         for r in rows
     ]

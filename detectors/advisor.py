@@ -215,8 +215,10 @@ def _actions(target: Finding, ckpt: dict | None, skip: list[int], fp16: bool) ->
     ev = target.evidence
     ratio, before, at = ev.get("lr_ratio"), ev.get("lr_before"), ev.get("lr_at_onset")
     if ev.get("lr_raised") and ratio and before and at:
-        actions.append(f"the learning rate rose x{ratio:.3g} just before the onset ({before:.3g} -> {at:.3g}): "
-                       "restore it before resuming")
+        # ``lr_at_onset`` is the highest LR of the updates that made the excursion, up to its peak: a ramp's is
+        # reached long after the onset (a user read "x2.34e+04 just before the onset (0.000567 -> 13.2)").
+        actions.append(f"the learning rate rose x{ratio:.3g} into the excursion ({before:.3g} before it, {at:.3g} at "
+                       "its highest): restore it before resuming")
     if target.kind == "divergence":
         lr_text = f" ({at:.3g} -> {at * 0.5:.3g})" if at and not ev.get("lr_raised") else ""
         actions.append(f"lower the learning rate x0.5{lr_text}")

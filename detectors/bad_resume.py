@@ -6,7 +6,9 @@ the leading observations of its series. If the median of its own first
 ``first_obs`` observations lies ``z`` of the parent's sigmas and ``min_rise``
 above the parent's level there (a non-finite loss counts as infinitely far),
 the checkpoint it loaded already held the damage: a ``bad_resume`` that needs
-action, whose advice is an earlier checkpoint.
+action, whose advice is an earlier checkpoint. Unless the first of them, the
+loaded state's own loss, is back in the parent's band: then the damage came
+from the updates after the resume, not from the checkpoint.
 """
 
 from __future__ import annotations
@@ -47,6 +49,12 @@ class BadResumeScanner:
         z = (head - level) / sigma
         # An infinite gradient norm alone is no sign: a resumed fp16 scaler re-calibrates and skips its first steps.
         if not (z > self.cfg.z and head - level >= self.cfg.min_rise * abs(level)):
+            return
+        # The first loss after the resume is the loaded state's own (computed before the first resumed update on a
+        # per-step log): back in the parent's band, the state was healthy and the updates since made the damage (a
+        # restored optimizer carrying a raised LR: an excursion of the new segment, judged with its LR story).
+        own = obs["loss"][h]
+        if math.isfinite(own) and (own - level) / sigma <= self.ctx.config.spike.z_band:
             return
         steps = obs["step"]
         resumed = self.ctx.resume_step if self.ctx.resume_step is not None else int(steps[h - 1])

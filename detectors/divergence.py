@@ -390,6 +390,11 @@ def lr_before(steps: np.ndarray, lr: np.ndarray, onset: int, lrc: LRConfig, hist
     step, not a median of two levels (fresh seed 142542's run 144: a warm restart x20 six rows before a burst x50,
     the burst read as x956 against the rows before the restart and 'still raised' at the restarted level)."""
     lo, hi = max(history, onset - 1 - LR_BEFORE_ROWS), max(history, onset - 1)
+    if hi <= lo and history:
+        # At a resumed segment's start the LR before is the parent's at the resume (its seeded history's last rows):
+        # the LR the run trained at when the checkpoint was saved, which a resume should carry on (a restored
+        # optimizer holding a raised LR for its first update is then a raise at the resume).
+        lo, hi = max(0, history - LR_BEFORE_ROWS), history
     warm = warmup_end(steps, lr, lrc)
     if warm is not None and onset < len(steps):
         end = int(np.searchsorted(steps, warm, side="right")) - 1

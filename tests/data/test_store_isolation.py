@@ -44,6 +44,8 @@ def test_the_cli_lists_and_checks_every_other_run(root_with_a_truncated_file: tu
     out = run_cli("runs", "--root", str(root))
     assert out.returncode == 2  # a data error, named, after everything else was listed
     assert "alpha" in out.stdout and "gamma" in out.stdout and "unreadable" in out.stdout
+    [broken_line] = [line for line in out.stdout.splitlines() if line.startswith("broken")]
+    assert "None" not in broken_line, broken_line  # its unknown counts are dashes, as any unknown
     assert out.stderr.count("\n") == 1 and str(bad) in out.stderr and "Traceback" not in out.stderr
     listed = json.loads(run_cli("runs", "--root", str(root), "--json").stdout)
     assert [r["run"] for r in listed if r["error"] is None] == ["alpha", "gamma"]

@@ -24,8 +24,10 @@ from runwatch.collectors.monitor import MonitorConfig
 BASE_LR, BURST, BURST_STEPS, EVERY = 3e-3, 50.0, range(300, 305), 50
 
 
-def _train(root: Path, model: TinyGPT, opt: torch.optim.Optimizer, steps: range, *, resume: int | None = None) -> None:
-    """The README loop over ``steps``; a resume from checkpoint ``resume`` is a new segment."""
+def _train(root: Path, model: TinyGPT, opt: torch.optim.Optimizer, steps: range, *, resume: int | None = None,
+           burst: range = BURST_STEPS) -> None:
+    """The README loop over ``steps`` with the LR x50 for the updates in ``burst``; a resume from checkpoint
+    ``resume`` is a new segment."""
     data = synthetic_batches(model.cfg, 8, seed=1)
     for _ in range(steps.start):  # the data position of a resumed run
         next(data)
@@ -34,7 +36,7 @@ def _train(root: Path, model: TinyGPT, opt: torch.optim.Optimizer, steps: range,
                   resume_checkpoint=path, config=MonitorConfig(flush_every_steps=64))
     with mon:
         for step in steps:
-            lr = BASE_LR * (BURST if step in BURST_STEPS else 1.0)
+            lr = BASE_LR * (BURST if step in burst else 1.0)
             set_lr(opt, lr)
             loss, grad_norm = train_step(model, opt, next(data))
             mon.step(step, loss=loss, grad_norm=grad_norm, lr=lr)
@@ -66,7 +68,7 @@ def test_advice_never_names_the_checkpoint_that_holds_the_bad_update(burst_run: 
     # The cause is read from the data that is there: the LR of the update before the onset jumped x50.
     assert rb.evidence["lr_ratio"] == pytest.approx(BURST, rel=0.01)
     assert rb.evidence["lr_at_onset"] == pytest.approx(BASE_LR * BURST)
-    assert any("learning rate rose x50" in a for a in rb.actions)
+    assert any("learning rate rose x50 into the excursion" in a and "at its highest" in a for a in rb.actions)
 
 
 def test_dashboard_and_cli_judge_alike_and_give_one_quoted_hint(burst_run: Path) -> None:
@@ -96,3 +98,31 @@ def test_resume_from_the_damaged_checkpoint_is_a_bad_resume(tmp_path: Path, burs
     assert report.rollback.checkpoint_step == 250, report.rollback.reason  # an earlier checkpoint
     # The main line is cut at the resume step: segment 0's rows after 300 are the abandoned branch.
     assert [(s.segment, s.abandoned_from) for s in report.segments] == [(0, 301), (1, None)]
+
+
+def test_a_resume_whose_restored_optimizer_runs_the_raised_lr_is_no_bad_checkpoint(tmp_path: Path) -> None:
+    """A user's report: a LambdaLR schedule with the LR x300 for updates 301-305, the advice "restart from checkpoint
+    300" (right: it holds update 300, at the normal LR) followed with the schedule fixed. The optimizer state saved
+    with checkpoint 300 holds the LR of update 301 (the scheduler stepped after update 300), so the resume's first
+    update ran at the raised LR and the loss jumped from its second row. On 1f0af81: a bad_resume, "the checkpoint
+    already held the damage", and the advice went back to checkpoint 250. The first loss after the resume is the
+    loaded state's own and was healthy: the raise at the resume is the cause, read against the parent's LR."""
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    model = TinyGPT(TinyGPTConfig(d_model=32, num_layers=1, seq_len=16))
+    opt = torch.optim.AdamW(model.parameters(), lr=BASE_LR)
+    _train(tmp_path, model, opt, range(0, 420), burst=range(301, 306))
+    first = run_check(tmp_path, "gpt")
+    assert first.rollback is not None and first.rollback.checkpoint_step == 300, first.rollback
+    model = TinyGPT(TinyGPTConfig(d_model=32, num_layers=1, seq_len=16))
+    opt = torch.optim.AdamW(model.parameters(), lr=BASE_LR)
+    state = torch.load(tmp_path / "ckpt" / "300.pt", weights_only=True)
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["opt"])
+    _train(tmp_path, model, opt, range(301, 420), resume=300, burst=range(301, 302))  # the restored LR, once
+    report = run_check(tmp_path, "gpt")
+    assert not [f for f in report.findings if f.kind == "bad_resume"], report.findings
+    [spike] = [f for f in report.findings if f.segment == 1 and f.kind in ("spike", "divergence")]
+    assert spike.onset_step == 302 and spike.evidence["lr_raised"], spike
+    assert spike.evidence["lr_ratio"] == pytest.approx(BURST, rel=0.01) and "after the LR rose x50" in spike.message
+    assert report.rollback is None or report.rollback.checkpoint_step == 300, report.rollback
