@@ -5,11 +5,12 @@ step_avg:Sms``, the loss is no longer synced every step): they are read for
 their timing, with a null loss. Those logs start with the training script's
 source, so the sniffer looks for a step line anywhere in the head.
 
-``train_time`` is cumulative training milliseconds (eval time excluded). The log
-has no wall clock, so ``time`` is ``train_time / 1000``: seconds since training
-started, not unix time. ``step_time`` (seconds per step) is the difference of
-``train_time`` between logged training steps; ``step_avg`` is kept as an extra
-in seconds. A literal ``nan`` in a timing field is a missing measurement and
+``train_time`` is cumulative training milliseconds (eval time excluded), kept
+as the extra ``train_time`` in seconds since training started. The log has no
+wall clock, so ``time`` (unix seconds, a contract) stays null, as for Megatron
+(a user saw "updated 20792.5d ago": 1970 plus the training's seconds).
+``step_time`` (seconds per step) is the difference of ``train_time`` between
+logged training steps; ``step_avg`` is kept as an extra in seconds. A literal ``nan`` in a timing field is a missing measurement and
 becomes null. Validation lines only add ``val_loss`` to their step's row.
 
 Speed: one RE2 match (no captures, so the fast DFA) checks every line; the
@@ -108,7 +109,7 @@ def _columns(good: pa.Array, nums: np.ndarray, path: Path, with_loss: bool) -> d
     return {
         "step": steps,
         # Validation lines carry only val_loss, so they fold into their step's training row.
-        "time": pc.if_else(train_mask, train_s, null),
+        "train_time": pc.if_else(train_mask, train_s, null),
         "loss": pc.if_else(train_mask, loss, null),
         "val_loss": pc.if_else(train_mask, null, loss),
         "step_avg": pc.if_else(train_mask, step_avg, null),
@@ -130,10 +131,10 @@ def parse_file(path: Path, skip_bad_lines: bool) -> ParsedLog:
         order = np.argsort(line_idx, kind="stable")
         table, line_idx = table.take(pa.array(order)), line_idx[order]
     is_train = table["is_train"].to_numpy(zero_copy_only=False)
-    train_np = table["time"].to_numpy(zero_copy_only=False)
-    columns = {name: table[name] for name in ("step", "time", "loss", "val_loss")}
+    train_np = table["train_time"].to_numpy(zero_copy_only=False)
+    columns = {name: table[name] for name in ("step", "loss", "val_loss")}
     columns["step_time"] = pa.array(_step_time(table["step"].to_numpy(), train_np, is_train), from_pandas=True)
-    columns["step_avg"] = table["step_avg"]
+    columns["step_avg"], columns["train_time"] = table["step_avg"], table["train_time"]
     return merge_same_step(ParsedLog(build_table(columns), num_skipped=num_skipped,
                                      positions=line_idx.astype(np.float64)))
 

@@ -52,6 +52,8 @@ def test_modded_nanogpt_counts_and_timing() -> None:
     assert _row(t, 1)["loss"] == 22.6211 and _row(t, 0)["val_loss"] == 22.6137
     assert _row(t, 11)["step_avg"] is None  # 'step_avg:nanms' is a missing measurement
     assert _row(t, 2)["step_time"] == pytest.approx(83.639 - 81.991)
+    # No wall clock in the log: its training seconds are an extra, and `time` (unix seconds) stays null.
+    assert _row(t, 2)["train_time"] == 83.639 and t["time"].null_count == t.num_rows
     assert _row(t, 20344)["val_loss"] == 2.7737 and _row(t, 20344)["loss"] == 2.8204
     assert not pc.any(pc.is_nan(t["loss"])).as_py()
 
