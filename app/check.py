@@ -71,11 +71,14 @@ def format_report(run: str, report: Report, oncall: OnCall | None = None, now: f
     silence = oncall.silenced(time.time() if now is None else now)
     if silence is not None:
         lines.append(f"alerts {silence_text(silence)}")
-    open_ = [f for f in report.findings if f.open]
+    # Open: needs action or not back yet. A recent one that came back by itself stays open (it keeps the run
+    # watching a while) but is no longer going on: "recent", so the on-call does not read "it resumed" as a stall.
+    came_back = [f for f in report.findings if f.open and f.self_recovered and not f.needs_action]
+    open_ = [f for f in report.findings if f.open and f not in came_back]
     history = [f for f in report.findings if not f.open]
     if not report.findings:
         lines.append("no findings")
-    for title, group in (("open", open_), ("history", history)):
+    for title, group in (("open", open_), ("recent (came back by itself)", came_back), ("history", history)):
         if group:
             lines.append(f"{title}:")
         if title == "history" and len(group) > MAX_HISTORY:

@@ -139,7 +139,7 @@ def test_check_prints_no_control_characters(hostile_root: Path) -> None:
     assert out.returncode == 1, out.stderr
     assert not any(unicodedata.category(c) == "Cc" and c != "\n" for c in out.stdout)
     assert "\\x1b[2K" in out.stdout  # shown, so the reader sees the path is odd
-    assert all(line.startswith(("hostile:", "open:", "  ", "what to do:", "segments:")) for line in out.stdout.splitlines())
+    assert all(line.startswith(("hostile:", "open:", "recent (came back by itself):", "  ", "what to do:", "segments:")) for line in out.stdout.splitlines())
     report = json.loads(_check(hostile_root, "hostile", "--json").stdout)  # JSON escapes it its own way
     assert report["rollback"]["checkpoint_path"] == HOSTILE_PATH
 

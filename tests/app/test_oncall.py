@@ -130,3 +130,22 @@ def test_acknowledge_and_silence_from_the_run_page(monkeypatch: pytest.MonkeyPat
     # The alert rule (oncall.alertable): someone is on it, so the banner no longer calls for the run.
     assert not any("nan" in shown(p.label) for p in overview.get("page_link"))
     assert any("Someone is on it" in shown(c.value) and "nan" in shown(c.value) for c in overview.caption)
+
+
+def test_a_recent_finding_that_came_back_is_listed_as_recent_not_open() -> None:
+    """A review's case (Microsoft's Megatron-DS 125M log): the last of its checkpoint pauses, "it resumed", was
+    listed under "open:" because it ended within the recent window. A finding that came back by itself and needs
+    nothing keeps its ``open`` flag (the run watches a while) but is listed apart from what is still going on."""
+    from runwatch.detectors.analysis import analyze
+    from tests.detectors.synth import grad_curve, loss_curve, rows_table
+
+    n = 600
+    loss, grad = loss_curve(n), grad_curve(n)
+    loss[560:566] += 1.5  # a spike near the end that comes straight back
+    grad[560:566] *= 8
+    report = analyze(rows_table(list(range(n)), loss=loss, grad_norm=grad))
+    [spike] = [f for f in report.findings if f.kind == "spike"]
+    assert spike.open and spike.self_recovered and not spike.needs_action, spike
+    lines = format_report("r", report).splitlines()
+    assert "open:" not in lines and lines[1] == "recent (came back by itself):", lines
+    assert lines[2].startswith(f"  [{spike.severity}] spike seg 0 steps 560-"), lines
