@@ -74,7 +74,8 @@ def read_csv_strings(path: Path, skip_bad_lines: bool = False) -> tuple[pa.Table
     """
     data = complete_lines(path.read_bytes(), path)  # a last row cut short is no row (its number may be cut too)
     try:
-        header = data.split(b"\n", 1)[0].decode("utf-8", errors="replace")
+        end = data.find(b"\n")
+        header = (data if end < 0 else data[:end]).decode("utf-8", errors="replace")
         names = next(iter(csv.reader([header.rstrip("\r\n").replace("\r", " ").replace("\0", "")])), [])
         opts = pacsv.ConvertOptions(column_types={n: pa.string() for n in names}, strings_can_be_null=False)
         table = pacsv.read_csv(pa.BufferReader(data), convert_options=opts)

@@ -10,8 +10,8 @@ as the extra ``train_time`` in seconds since training started. The log has no
 wall clock, so ``time`` (unix seconds, a contract) stays null, as for Megatron
 (a user saw "updated 20792.5d ago": 1970 plus the training's seconds).
 ``step_time`` (seconds per step) is the difference of ``train_time`` between
-logged training steps; ``step_avg`` is kept as an extra in seconds. A literal ``nan`` in a timing field is a missing measurement and
-becomes null. Validation lines only add ``val_loss`` to their step's row.
+logged training steps; ``step_avg`` is kept as an extra in seconds. A literal
+``nan`` in a timing field is a missing measurement and becomes null. Validation lines only add ``val_loss`` to their step's row.
 
 Speed: one RE2 match (no captures, so the fast DFA) checks every line; the
 fields of good lines are cut out by literal key positions and cast in bulk.

@@ -61,8 +61,8 @@ def read_text(path: str | Path) -> tuple[pa.Array, bytes | None]:
 def complete_lines(data: bytes, path: str | Path) -> bytes:
     """``data`` through its last newline. A line is complete only with its newline: what follows the last one was cut
     short (a job killed mid-write) or is still being written (a log followed while it grows), and may end mid-number
-    (``lm loss: 6.3`` of 6.3456, ``loss scale: 1`` of 16384.0), so it is never read as values; a warning names it.
-    Trailing blanks are nothing to read."""
+    (``lm loss: 6.3`` of 6.3456, ``loss scale: 1`` of 16384.0), so it is never read as values. The import's notes
+    (``IMPORT_NOTES``), or a warning outside an import, name it. Trailing blanks are nothing to read."""
     cut = data.rfind(b"\n") + 1
     if not data[cut:].strip():
         return data
