@@ -35,6 +35,7 @@ from runwatch.app.oncall import OnCall, alertable
 from runwatch.data.storage import write_bytes_atomic
 from runwatch.detectors.analysis import Report
 from runwatch.detectors.finding import Finding
+from runwatch.detectors.registry import SERIES_OF
 
 STATE_VERSION = 1
 MAX_EVIDENCE_CHARS = 600
@@ -84,8 +85,12 @@ class AlertBook:
 
     # -- judging ----------------------------------------------------------------------
 
-    def update(self, run: str, report: Report, now: float | None = None, oncall: OnCall | None = None) -> int:
+    def update(self, run: str, report: Report, now: float | None = None, oncall: OnCall | None = None, *,
+               checkpoints: list[dict] | None = None, meta: dict | None = None) -> int:
         """Compare a run's report with its open alerts; returns how many messages were queued.
+
+        ``checkpoints`` (``advisor.checkpoints_from_events``) and ``meta`` (the run's ``run.json``) complete the
+        procedure a stall's message gives: the resume command with the newest checkpoint and the run's own command.
 
         ``oncall`` (the run's acks and silences, ``oncall.read_oncall``) is respected: a finding someone
         acknowledged opens no alert, and while the run is silenced nothing is sent (an alert already open goes
@@ -107,13 +112,14 @@ class AlertBook:
                 self.alerts[aid].update(end_step=f.end_step, severity=f.severity, last_seen=now)
                 continue
             if id(f) in may_page:
-                matched.add(self._open(run, f, report, now))
+                matched.add(self._open(run, f, report, now, checkpoints, meta))
         for aid, a in open_.items():
             if aid not in matched:
                 self._resolve(aid, a, report, current, now, quiet=silenced)
         return len(self.outbox) - before
 
-    def _open(self, run: str, f: Finding, report: Report, now: float) -> str:
+    def _open(self, run: str, f: Finding, report: Report, now: float, checkpoints: list[dict] | None = None,
+              meta: dict | None = None) -> str:
         aid = f"{run}|{f.kind}|seg{f.segment}|rank{'-' if f.rank is None else f.rank}|{f.onset_step}|{int(now)}"
         key = f"{run}|{f.kind}|{f.rank}"
         held = now - self.last_alert.get(key, float("-inf")) < self.config.cooldown_s
@@ -125,15 +131,17 @@ class AlertBook:
             return aid
         self.last_alert[key] = now
         self.counters["alerts"] += 1
-        title, body = alert_text(run, f, report, self.config.dashboard_url, aid)
+        title, body = alert_text(run, f, report, self.config.dashboard_url, aid, checkpoints, meta)
         self._queue(aid, "alert", title, body, "failure" if f.severity == "critical" else "warning", now)
         return aid
 
     def _resolve(self, aid: str, a: dict, report: Report, current: list[Finding], now: float, *,
                  quiet: bool = False) -> None:
-        # Another finding over the same steps took its place (a spike that became a divergence, a whole-run hang
-        # now pinned on one rank): that one is announced on its own, this one is not "resolved".
-        taken_over = [f for f in current if f.segment == a["segment"]
+        # Another reading of the same observations over the same steps took its place (a spike that became a
+        # divergence, a whole-run hang now pinned on one rank): that one is announced on its own, this one is not
+        # "resolved". A finding of another signal over those steps is another incident (a review: a slowdown from
+        # 391 kept a spike at 400-404 that came back from ever being resolved).
+        taken_over = [f for f in current if f.segment == a["segment"] and SERIES_OF.get(f.kind) == SERIES_OF.get(a["kind"])
                       and (f.rank == a["rank"] or f.rank is None or a["rank"] is None)
                       and f.onset_step <= a["end_step"] and a["onset_step"] <= f.end_step]
         a.update(status="superseded" if taken_over else "resolved", resolved=now)
@@ -200,7 +208,8 @@ def _where(f: Finding | dict) -> str:
     return "" if rank is None else f" on rank {rank}" + (f" ({host})" if host else "")
 
 
-def alert_text(run: str, f: Finding, report: Report, dashboard_url: str | None, aid: str) -> tuple[str, str]:
+def alert_text(run: str, f: Finding, report: Report, dashboard_url: str | None, aid: str,
+               checkpoints: list[dict] | None = None, meta: dict | None = None) -> tuple[str, str]:
     """(title, message) of an alert: the title names the run and kind, the message holds the rest."""
     title = f"[runwatch] {'ACTION' if f.needs_action else f.severity.upper()} {run}: {f.kind}{_where(f)}"
     lines = [f"run: {run} (health: {report.health})",
@@ -213,7 +222,7 @@ def alert_text(run: str, f: Finding, report: Report, dashboard_url: str | None, 
         lines.append("what to do: " + "; ".join(rb.actions))
         if rb.evidence.get("resume_hint"):
             lines.append(f"resume: {rb.evidence['resume_hint']}")
-    steps = opt_checklist(report, [f])
+    steps = opt_checklist(report, [f], meta, checkpoints)
     if steps:
         lines.append("procedure: " + " | ".join(f"{i + 1}. {s}" for i, s in enumerate(steps)))
     link = run_link(dashboard_url, run)

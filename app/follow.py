@@ -335,12 +335,18 @@ class RunFollower:
             fr = self._followed(name)
             return is_live(fr.meta, pa.Table.from_pylist(fr.analyzer.events, schema=_EVENTS))
 
+    def checkpoints(self, name: str) -> list[dict]:
+        """The run's checkpoints as far as the follower has read its events (``checkpoints_from_events``)."""
+        with self.lock:
+            fr = self._followed(name)
+            events = pa.Table.from_pylist(fr.analyzer.events, schema=_EVENTS) if fr.analyzer.events else None
+            return checkpoints_from_events(events)
+
     def report(self, name: str, now: float | None = None) -> Report:
         """The run's report as of ``now`` (a live run can stall), from the streaming analyser."""
         with self.lock:
             fr = self._followed(name)
-            events = pa.Table.from_pylist(fr.analyzer.events, schema=_EVENTS) if fr.analyzer.events else None
-            present = present_checkpoint_paths(self.root, checkpoints_from_events(events))
+            present = present_checkpoint_paths(self.root, self.checkpoints(name))
             live = self.is_live(name)
             live_now = (time.time() if now is None else now) if live else None
             return fr.analyzer.report(live_now, present, fr.heartbeats if live else None)

@@ -38,6 +38,7 @@ from runwatch.app.notify import Notifier, Sender, backoff, deliver_due
 from runwatch.app.oncall import read_oncall
 from runwatch.data.roots import is_url
 from runwatch.data.store import Store, StoreError
+from runwatch.detectors.advisor import checkpoints_from_events
 
 EXIT_OK, EXIT_ACTION, EXIT_ERROR = 0, 1, 2
 STATE_NAME = "watch-state.json"
@@ -123,7 +124,7 @@ def run_once(cfg: WatchConfig, book: AlertBook, notifier: Notifier, out=sys.stdo
                 continue
             judged += 1
             action += report.health in ("action needed", "stalled")
-            book.update(run, report, oncall=oncall)
+            book.update(run, report, oncall=oncall, checkpoints=checkpoints_from_events(events), meta=meta)
     lock = threading.Lock()
     sent = deliver_due(book, notifier, lock, force=True)
     for attempt in range(1, ONCE_ATTEMPTS):
@@ -165,7 +166,8 @@ class Watcher:
             report = self.follower.report(run, now)
             self.num_judgements += 1
             with self.lock:
-                queued += self.book.update(run, report, now, read_oncall(fr.analyzer.events))
+                queued += self.book.update(run, report, now, read_oncall(fr.analyzer.events), meta=fr.meta,
+                                           checkpoints=self.follower.checkpoints(run))
         if queued:
             self.save()  # before sending: a crash now loses nothing
             self.sender.wake()

@@ -439,7 +439,9 @@ class Monitor:
         if self.rank == 0 and finished:
             self._writer.submit(RunMetaUpdate(self.run, {"finished": True, "finished_time": time.time()}))
         self._closed = True
-        self._heartbeat.closed = True
+        # Only a finished run's last heartbeat says "closed" (ended on purpose): one stopped by an exception keeps
+        # its last phase, so that, silent, it is called stalled (a review: close(finished=False) read HEALTHY forever).
+        self._heartbeat.closed = finished
         if self._hook is not None:
             self._hook.remove()
         if self._timer is not None:

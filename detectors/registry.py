@@ -48,6 +48,9 @@ KINDS: tuple[str, ...] = tuple(d.kind for d in REGISTRY)
 NO_ROLLBACK_KINDS: frozenset[str] = frozenset(d.kind for d in REGISTRY if not d.can_need_rollback)
 PERFORMANCE_KINDS: frozenset[str] = frozenset(d.kind for d in REGISTRY if d.performance)
 FLEET_KINDS: tuple[str, ...] = tuple(d.kind for d in REGISTRY if d.scope == "fleet")
+SERIES_OF: dict[str, str] = {d.kind: d.series for d in REGISTRY}
+"""The observations each kind reads: two findings over the same steps that read the same ones are two readings of
+one incident (a spike that became a divergence); a slowdown beside a spike is two incidents."""
 
 
 @cache

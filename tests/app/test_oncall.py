@@ -149,3 +149,47 @@ def test_a_recent_finding_that_came_back_is_listed_as_recent_not_open() -> None:
     lines = format_report("r", report).splitlines()
     assert "open:" not in lines and lines[1] == "recent (came back by itself):", lines
     assert lines[2].startswith(f"  [{spike.severity}] spike seg 0 steps 560-"), lines
+
+
+def test_a_spike_that_came_back_resolves_though_a_slowdown_overlaps_it() -> None:
+    """A review's case (``runwatch watch``): a slowdown from 391 and a spike at 400-404 on the same run; the spike
+    was paged, came back, and its RESOLVED never came: any open finding over its steps counted as having taken
+    its place ("superseded"). Only another reading of the same observations takes a finding's place (a spike
+    that became a divergence); a slowdown is another incident, and a divergence over the spike still takes it."""
+    from runwatch.app.alerts import AlertBook
+    from runwatch.detectors.analysis import Report
+    from runwatch.detectors.finding import Finding
+
+    def finding(kind: str, onset: int, end: int, recovered: bool | None) -> Finding:
+        return Finding(kind=kind, onset_step=onset, end_step=end, peak_step=onset, segment=0, severity="warning",
+                       self_recovered=recovered, needs_action=False, evidence={}, message=f"{kind} from {onset}")
+
+    def report(*found: Finding) -> Report:
+        return Report(findings=list(found), segments=[], rollback=None, health="watching")
+
+    slow = finding("slowdown", 391, 700, None)
+    for later, resolved in ((finding("spike", 400, 405, True), True), (finding("divergence", 400, 700, None), False)):
+        book = AlertBook(targets=["hook"])
+        assert book.update("r", report(slow, finding("spike", 400, 404, None)), now=0.0) == 2  # both paged
+        book.update("r", report(slow, later), now=60.0)
+        [spike] = [a for a in book.alerts.values() if a["kind"] == "spike"]
+        assert spike["status"] == ("resolved" if resolved else "superseded"), spike
+        assert book.counters["resolves"] == int(resolved)
+
+
+def test_a_stall_page_resumes_from_the_runs_newest_checkpoint() -> None:
+    """A review's case: a live run that stopped after checkpoints 50-250 was paged with "python train.py  # no
+    checkpoint recorded: resume from your newest one"; the dashboard's checklist named the checkpoint. The watcher
+    now hands the run's checkpoints and command to the message, as the dashboard does."""
+    from runwatch.app.alerts import AlertBook
+    from runwatch.detectors.analysis import Report
+    from runwatch.detectors.finding import Finding
+
+    stall = Finding(kind="stall", onset_step=300, end_step=300, peak_step=300, segment=0, severity="critical",
+                    self_recovered=None, needs_action=True, evidence={"live": True}, message="no step for 9 min")
+    report = Report(findings=[stall], segments=[], rollback=None, health="stalled")
+    checkpoints = [{"step": s, "path": f"ckpt/step{s}.pt", "deleted": False} for s in range(50, 300, 50)]
+    book = AlertBook(targets=["hook"])
+    assert book.update("r", report, now=0.0, checkpoints=checkpoints, meta={"command": "torchrun train.py"}) == 1
+    body = book.outbox[0]["body"]
+    assert "torchrun train.py --resume ckpt/step250.pt" in body and "no checkpoint recorded" not in body, body

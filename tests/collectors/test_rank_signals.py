@@ -127,3 +127,23 @@ def test_cuda_forward_time_comes_from_events_read_off_the_training_thread(tmp_pa
         rows = store.rows("cuda").to_pylist()
     assert len(rows) == 12 and all(r["forward_time"] is not None and r["forward_time"] > 0 for r in rows)
     assert [r["param_norm"] is not None for r in rows] == [s % 2 == 0 for s in range(12)]
+
+
+@pytest.mark.parametrize("finished", [True, False])
+def test_a_run_closed_unfinished_is_called_stalled_when_it_does_not_come_back(tmp_path: Path, finished: bool) -> None:
+    """``close(finished=False)`` (training stopped by an exception) keeps the run live, so that a run which does not
+    come back is called stalled. A review: its heartbeat said "closed" all the same, the stall rule skips closed
+    ranks, and the run read HEALTHY an hour later, where one killed before close() read STALLED. A finished run
+    is not stalled, however long after."""
+    from runwatch.app.check import run_check
+
+    model = TinyGPT(CFG)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    data = synthetic_batches(CFG, 4, seed=0)
+    mon = Monitor(tmp_path, "crashed", model=model, config=MonitorConfig(flush_every_steps=8))
+    for step in range(40):
+        loss, grad_norm = train_step(model, opt, next(data))
+        mon.step(step, loss=loss, grad_norm=grad_norm)
+    mon.close(finished=finished)
+    later = run_check(tmp_path, "crashed", now=time.time() + 3600)
+    assert later.health == ("healthy" if finished else "stalled"), later.findings
