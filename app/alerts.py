@@ -82,6 +82,9 @@ class AlertBook:
         "alerts": 0, "resolves": 0, "held_by_cooldown": 0, "delivered": 0, "failed_attempts": 0,
         "delivered_after_retry": 0})
     health: dict[str, str] = field(default_factory=dict)  # run -> health at its last judgement
+    last_pass: float | None = None
+    """When the watch last judged every run that changed (unix seconds): a run written since, finished or not, is
+    judged at the next pass (its last rows may hold what ended it); None before the first pass."""
 
     # -- judging ----------------------------------------------------------------------
 
@@ -165,7 +168,7 @@ class AlertBook:
 
     def to_json(self) -> dict:
         return {"version": STATE_VERSION, "alerts": self.alerts, "last_alert": self.last_alert,
-                "outbox": self.outbox, "counters": self.counters, "health": self.health}
+                "outbox": self.outbox, "counters": self.counters, "health": self.health, "last_pass": self.last_pass}
 
     def save(self, path: Path) -> None:
         """The whole state, renamed into place (a crash never leaves half a file); readable by its owner only."""
@@ -187,7 +190,7 @@ class AlertBook:
             raise ValueError(f"{path}: not a runwatch watch state (version {STATE_VERSION})")
         book.alerts, book.last_alert = data.get("alerts", {}), data.get("last_alert", {})
         book.counters.update(data.get("counters", {}))
-        book.health = data.get("health", {})
+        book.health, book.last_pass = data.get("health", {}), data.get("last_pass")
         book.outbox = [e for e in data.get("outbox", []) if e.get("target") in book.targets]
         return book
 

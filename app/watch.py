@@ -10,8 +10,8 @@ deduplicated, with a cool-down); a ``notify.Sender`` thread delivers them, so
 a notifier that is down never holds up the watching, and the state file keeps
 what is undelivered.
 
-``--once`` (cron): one pass with ``judge_run`` over the live runs and those
-with an open alert, delivery with a few retries, the state saved; exit 0 all
+``--once`` (cron): one pass with ``judge_run`` over the live runs, those
+with an open alert and those written since the last pass, delivery with a few retries, the state saved; exit 0 all
 healthy, 1 a run needs action (or stalled), 2 an error. The state file
 (``--state``, default ``ROOT/watch-state.json``: beside the runs, outside
 every ``**/*.parquet`` glob; for an object-store root a local path must be
@@ -103,10 +103,17 @@ def _watched(meta: dict) -> bool:
     return not str(meta.get("source") or "").startswith("import")
 
 
+def _written_since(store: Store, run: str, since: float | None) -> bool:
+    """Whether a run's files changed since the last pass (None: there was none, and an ended run is history, not
+    news): one that ended between two passes is judged once on its last rows, which may hold what ended it."""
+    updated = store.last_update(run)
+    return since is not None and updated is not None and updated >= since
+
+
 def run_once(cfg: WatchConfig, book: AlertBook, notifier: Notifier, out=sys.stdout, err=sys.stderr) -> int:
     """One pass for cron; see the module docstring."""
     judged, action, errors = 0, 0, 0
-    reopen = book.open_runs()
+    reopen, since, started = book.open_runs(), book.last_pass, time.time()
     with Store(cfg.root) as store:
         for run in store.run_names():
             try:
@@ -114,7 +121,7 @@ def run_once(cfg: WatchConfig, book: AlertBook, notifier: Notifier, out=sys.stdo
                 if not _watched(meta) or not store.has_run(run):
                     continue
                 events = store.events(run)
-                if run not in reopen and not is_live(meta, events):
+                if run not in reopen and not is_live(meta, events) and not _written_since(store, run, since):
                     continue
                 report = judge_run(store, run)
                 oncall = read_oncall(events)
@@ -125,6 +132,7 @@ def run_once(cfg: WatchConfig, book: AlertBook, notifier: Notifier, out=sys.stdo
             judged += 1
             action += report.health in ("action needed", "stalled")
             book.update(run, report, oncall=oncall, checkpoints=checkpoints_from_events(events), meta=meta)
+    book.last_pass = started  # what was written after this pass began is judged at the next one
     lock = threading.Lock()
     sent = deliver_due(book, notifier, lock, force=True)
     for attempt in range(1, ONCE_ATTEMPTS):
@@ -168,6 +176,8 @@ class Watcher:
             with self.lock:
                 queued += self.book.update(run, report, now, read_oncall(fr.analyzer.events), meta=fr.meta,
                                            checkpoints=self.follower.checkpoints(run))
+        with self.lock:
+            self.book.last_pass = time.time() if now is None else now  # every change so far is judged
         if queued:
             self.save()  # before sending: a crash now loses nothing
             self.sender.wake()
@@ -179,7 +189,11 @@ class Watcher:
     def run(self) -> None:
         self.sender.start()
         self.follower.start()
-        self.judge(set(self.follower.runs))
+        # At start, as a cron pass: the runs that can still stall, those with an alert open, and those written
+        # since the last pass of this state; a run that ended before is history (a fresh state: every ended one).
+        with Store(self.cfg.root) as store:
+            self.judge({r for r in self.follower.runs if self.follower.is_live(r) or r in self.book.open_runs()
+                        or _written_since(store, r, self.book.last_pass)})
         next_tick = time.monotonic() + self.cfg.interval_s
         next_resync = time.monotonic() + self.cfg.resync_s
         listing_error = None

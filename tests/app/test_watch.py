@@ -204,3 +204,28 @@ def test_watch_pages_no_acknowledged_finding_and_nothing_while_a_run_is_silenced
         assert _once(root, hook).returncode == 1 and nan_titles(hook) == ["[runwatch] ACTION muted: nan"]
     finally:
         hook.stop()
+
+
+def test_a_run_that_ended_between_two_passes_is_judged_on_its_last_rows_and_history_is_not(tmp_path: Path) -> None:
+    """A review's case: the service, started on a fresh state, paged a run that had ended 15 minutes earlier, while
+    a cron pass on the same root judged only the live runs. Both now judge the runs that can still stall, those with
+    an alert open, and those written since the last pass of the state: a run that ended before the first pass is
+    history (not paged by either), and one that ended between two passes is judged once on its last rows (which a
+    cron watch skipped: a NaN and the end of training between two passes were never paged)."""
+    root = tmp_path / "runs"
+    hook = Webhook().start()
+    try:
+        train_run(root, "old", 60, nan_at=45, finished=True)  # ended before anyone watched
+        proc = _start_watch(root, hook)  # a fresh state
+        try:
+            time.sleep(3)  # the service is up and has judged what was there
+        finally:
+            _stop(proc)
+        assert nan_titles(hook) == []
+        assert _once(root, hook).returncode == 0 and nan_titles(hook) == []
+        train_run(root, "late", 60, nan_at=45, finished=True)  # diverged and ended between two passes
+        assert _once(root, hook).returncode == 1
+        assert nan_titles(hook) == ["[runwatch] ACTION late: nan"]
+        assert _once(root, hook).returncode == 1 and len(nan_titles(hook)) == 1  # once, not on every pass
+    finally:
+        hook.stop()
