@@ -19,7 +19,12 @@ calls it instead of formatting raw strings:
   move the cursor, erase the line or retitle the window, and a newline or a
   bidi override could forge a line the reader trusts.
 
-Shell command lines are the fourth sink: they are quoted where they are built
+- ``notification``: the title and body ``runwatch watch`` hands to apprise. Sent
+  as plain text, but chat targets render it: Discord turns ``[x](url)`` into a
+  link and ``@here`` into a ping of everyone (a review: a checkpoint path carried
+  both, and an ESC, into Discord's ``content`` as they were). Lines are kept.
+
+Shell command lines are the fifth sink: they are quoted where they are built
 (``runwatch.detectors.advisor.resume_hint``, with ``shlex.quote``).
 """
 
@@ -81,3 +86,15 @@ def terminal(text: object) -> str:
         else:
             out.append(ch)
     return "".join(out)
+
+
+# Where chat Markdown and mentions hinge: a masked link's "](" and an image's "![", "@" (Discord's @everyone/@here,
+# Slack's and Discord's <@id>, <!channel>, <#id>), "<!" and "<#". An invisible WORD JOINER breaks each; reads the same.
+_CHAT_HINGE = re.compile(r"(?<=\])(?=\()|(?<=!)(?=\[)|(?<=@)|(?<=<)(?=[!#@])")
+
+
+def notification(text: object) -> str:
+    """``text`` (a title or a multi-line body) inert in any notification target: control and format characters
+    other than newlines shown as spaces, chat links, images and mentions broken by an invisible joiner."""
+    lines = ("".join(" " if _is_control(ch) else ch for ch in line) for line in str(text).split("\n"))
+    return "\n".join(_CHAT_HINGE.sub(WORD_JOINER, line) for line in lines)

@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
+from runwatch.app import escape
 from runwatch.app.alerts import AlertBook, url_key
 
 BASE_BACKOFF_S = 1.0
@@ -48,8 +49,10 @@ class Notifier:
             return False
         types = {"failure": self._apprise.NotifyType.FAILURE, "warning": self._apprise.NotifyType.WARNING,
                  "success": self._apprise.NotifyType.SUCCESS}
-        # Plain text: the message holds text from logs and run.json; each target escapes it for its own format.
-        return bool(notifier.notify(title=title, body=body, notify_type=types.get(kind, self._apprise.NotifyType.INFO),
+        # Plain text holding text from logs and run.json: apprise escapes it for Slack, not for every target
+        # (Discord renders links and mentions), so it is made inert here, once for all (``escape.notification``).
+        return bool(notifier.notify(title=escape.notification(title), body=escape.notification(body),
+                                    notify_type=types.get(kind, self._apprise.NotifyType.INFO),
                                     body_format=self._apprise.NotifyFormat.TEXT))
 
 

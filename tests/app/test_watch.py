@@ -229,3 +229,27 @@ def test_a_run_that_ended_between_two_passes_is_judged_on_its_last_rows_and_hist
         assert _once(root, hook).returncode == 1 and len(nan_titles(hook)) == 1  # once, not on every pass
     finally:
         hook.stop()
+
+
+def test_text_from_a_run_reaches_every_target_inert() -> None:
+    """A review's case: a checkpoint path with a Markdown link, an ``@here`` and an ESC went into Discord's
+    ``content`` as it was (apprise escapes for Slack, not for Discord: a link rendered, everyone pinged). Every
+    message is made inert once before apprise (``escape.notification``), here through a real HTTP receiver of
+    apprise's JSON target: the text reads the same, and no link, image, mention or control character is left."""
+    from runwatch.app.alerts import url_key
+    from runwatch.app.notify import Notifier
+
+    hook = Webhook().start()
+    try:
+        path = "ck/[click](http://evil.example/link)![img](http://evil.example/md.png) @here <!channel> <@42>\x1b[2K.pt"
+        assert Notifier([hook.url]).send(url_key(hook.url), f"[runwatch] ACTION {path}", f"line one\nresume: {path}",
+                                         "failure")
+        (msg,) = hook.wait_for(1, timeout=30)
+        title, text = msg["body"]["title"], msg["body"]["message"]
+        for sent in (title, text):
+            assert "](" not in sent and "![" not in sent and "@here" not in sent and "<!" not in sent, sent
+            assert "<@" not in sent and "\x1b" not in sent, sent
+            assert sent.replace("\u2060", "").endswith("@here <!channel> <@42> [2K.pt"), sent  # reads the same
+        assert text.startswith("line one\nresume: ")  # lines kept
+    finally:
+        hook.stop()
