@@ -252,17 +252,22 @@ def evidence_rows(evidence: Mapping[str, object]) -> list[dict]:
 
 
 def resume_command(run: str, rollback: object, meta: Mapping[str, object] | None = None) -> str:
-    """A copyable resume recipe: the run's own command when known, plus the Monitor call.
-
-    runwatch does not launch training, so the shell line is the run's recorded
-    ``command`` (or a placeholder) with the checkpoint and skip window appended.
-    """
+    """The copyable shell line of the resume recipe: the run's own command when known (else a placeholder, said
+    so in a comment) with the checkpoint and skip window appended. runwatch does not launch training. The
+    training script's side is ``monitor_call``, a block of its own: one copy button, one language."""
     meta = meta or {}
     known = bool(meta.get("command"))
     base = str(meta.get("command") or "python train.py")
+    path, skip = getattr(rollback, "checkpoint_path", None), getattr(rollback, "skip_batches", None)
+    shell = [base] + ([hint] if (hint := resume_hint(path, skip)) else [])
+    head = "" if known else "# the run recorded no command: put yours in place of `python train.py`\n"
+    return head + " \\\n    ".join(shell)
+
+
+def monitor_call(run: str, rollback: object) -> str:
+    """The resume recipe's line in the training script: the ``Monitor`` that records the resume as a segment."""
     step, path = getattr(rollback, "checkpoint_step", None), getattr(rollback, "checkpoint_path", None)
     skip = getattr(rollback, "skip_batches", None)
-    shell = [base] + ([hint] if (hint := resume_hint(path, skip)) else [])
     monitor_args = [repr(run)]
     if step is not None:
         monitor_args.append(f"resume_step={int(step)}")
@@ -270,9 +275,7 @@ def resume_command(run: str, rollback: object, meta: Mapping[str, object] | None
         monitor_args.append(f"resume_checkpoint={str(path)!r}")
     if skip:
         monitor_args.append(f"skip_batches=({int(skip[0])}, {int(skip[1])})")
-    head = "" if known else "# the run recorded no command: put yours in place of `python train.py`\n"
-    return (head + " \\\n    ".join(shell) + "\n\n# in the training script:\n"
-            + f"mon = Monitor(root, run={', '.join(monitor_args)}, model=model)")
+    return f"mon = Monitor(root, run={', '.join(monitor_args)}, model=model)"
 
 
 # The command line's words in errors the importers raise, as the Import page names the same things.

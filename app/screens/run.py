@@ -81,8 +81,10 @@ def _rollback_card(slot: object, run: str, report: object, meta: dict) -> None:
             for line in views.rollback_lines(rollback):
                 st.markdown(line)
         with right:
-            st.caption("Resume recipe (copy button at the top right)")
+            st.caption("Resume recipe: the shell command (copy button at the top right) ...")
             st.code(views.resume_command(run, rollback, meta), language="bash", wrap_lines=True)
+            st.caption("... and, in the training script, the Monitor that records the resume")
+            st.code(views.monitor_call(run, rollback), language="python", wrap_lines=True)
         evidence = views.evidence_rows(getattr(rollback, "evidence", {}))
         if evidence:
             with st.expander("evidence"):

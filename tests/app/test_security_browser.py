@@ -105,7 +105,7 @@ def test_hostile_text_is_shown_as_text_and_fetches_nothing(chromium, hostile_ser
     card = _visible(page.locator(".st-key-rollback_card").inner_text())
     literal = HOSTILE_PATH.replace("\x1b", " ")
     assert literal in card  # the whole path, as text (the ESC shows as a space)
-    assert f"--resume '{HOSTILE_PATH}'" in page.locator('.st-key-rollback_card [data-testid="stCode"]').inner_text()
+    assert f"--resume '{HOSTILE_PATH}'" in page.locator('.st-key-rollback_card [data-testid="stCode"]').first.inner_text()
     _no_injected_markup(page)
 
     # ECharts: the checkpoint marker's tooltip (HTML that ECharts builds), found by moving along the marker strip.

@@ -75,7 +75,10 @@ def test_rollback_card_and_resume_command() -> None:
     assert cmd.startswith("torchrun train.py --cfg a.yaml")
     assert "--resume '/ckpt/step 250.pt' --skip-batches 251-300" in cmd  # quoted for the shell
     assert resume_hint(rb.checkpoint_path, rb.skip_batches) in cmd  # the same hint as `runwatch check`
-    assert "resume_step=250" in cmd and "skip_batches=(251, 300)" in cmd
+    assert "Monitor" not in cmd  # the shell block holds no Python: a paste into a shell runs only the command
+    call = views.monitor_call("gpt", rb)
+    assert call.startswith("mon = Monitor(root, run='gpt', ") and "resume_step=250" in call
+    assert "skip_batches=(251, 300)" in call and "resume_checkpoint='/ckpt/step 250.pt'" in call
     assert views.evidence_rows(rb.evidence) == [{"evidence": "onset_step", "value": "291"}]
 
 
