@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 import pyarrow.json as pajson
 
 from runwatch.collectors.importers.base import LogFormatError, ParsedLog
-from runwatch.collectors.importers.textlog import concat_parsed, first_line
+from runwatch.collectors.importers.textlog import concat_parsed, first_line, note_cut_line
 from runwatch.data.record import (
     EVENT_KINDS,
     FLOAT_METRICS,
@@ -168,8 +168,11 @@ def blocks(path: Path, size: int = BLOCK_BYTES) -> Iterator[tuple[int, bytes]]:
         while True:
             data = f.read(size)
             if not data:
-                if rest:
-                    yield line, rest
+                if rest.strip():  # a last line without its newline: read only if its JSON is whole
+                    if _whole_json(rest):
+                        yield line, rest
+                    else:
+                        note_cut_line(path, line)
                 return
             buf = rest + data if rest else data
             cut = buf.rfind(b"\n") + 1
@@ -179,6 +182,16 @@ def blocks(path: Path, size: int = BLOCK_BYTES) -> Iterator[tuple[int, bytes]]:
             block, rest = buf[:cut], buf[cut:]
             yield line, block
             line += block.count(b"\n")
+
+
+def _whole_json(raw: bytes) -> bool:
+    """A last line without its newline is whole when it parses: a JSON value closes itself (a text log's number does
+    not, ``textlog.complete_lines``), and a writer killed mid-line leaves one that does not."""
+    try:
+        json.loads(raw)
+    except ValueError:
+        return False
+    return True
 
 
 def parse_chunks(paths: Sequence[str | Path], *, skip_bad_lines: bool = False,

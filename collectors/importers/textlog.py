@@ -66,14 +66,18 @@ def complete_lines(data: bytes, path: str | Path) -> bytes:
     cut = data.rfind(b"\n") + 1
     if not data[cut:].strip():
         return data
-    line = data.count(b"\n", 0, cut) + 1
+    note_cut_line(path, data.count(b"\n", 0, cut) + 1)
+    return data[:cut]
+
+
+def note_cut_line(path: str | Path, line: int) -> None:
+    """Say that line ``line`` of ``path``, its last, has no newline and was not read (see ``complete_lines``)."""
     note = f"{path}:{line}: the last line has no newline (a write cut short?); not read"
     notes = IMPORT_NOTES.get()
     if notes is None:
-        warnings.warn(f"runwatch: {note}", RuntimeWarning, stacklevel=2)
+        warnings.warn(f"runwatch: {note}", RuntimeWarning, stacklevel=3)
     elif note not in notes:  # `auto` reads a file with every format that recognises it
         notes.append(note)
-    return data[:cut]
 
 
 def read_lines(path: str | Path) -> pa.Array:

@@ -17,6 +17,7 @@ from runwatch.collectors.importers import (
     deepspeed,
     detect_format,
     import_logs,
+    jsonl,
     llmc,
     megatron,
     megatron_golden,
@@ -205,6 +206,7 @@ CUT_LAST_LINES = [
     (megatron, MEG.format(step=1, s=4, loss="2.0") + "\n" + MEG.format(step=2, s=8, loss="1.9") + "\n",
      MEG.format(step=3, s=12, loss="1.8").split("loss scale:")[0] + "loss scale: 4"),  # of 4096.0
     (csv_log, "step,loss,loss_scale\n1,2.5,4096\n2,2.4,4096\n", "3,2.3,4"),
+    (jsonl, '{"step": 1, "loss": 2.5}\n{"step": 2, "loss": 2.4}\n', '{"step": 3, "loss": 2.3'),  # its JSON unfinished
 ]
 
 
@@ -215,6 +217,16 @@ def test_a_last_line_without_its_newline_is_not_read(tmp_path: Path, module, com
     with pytest.warns(RuntimeWarning, match=rf"{path}:{complete.count(chr(10)) + 1}: the last line has no newline"):
         parsed = module.parse([path])
     assert parsed.metrics.num_rows == 2 and 3 not in parsed.metrics["step"].to_pylist()
+
+
+def test_a_jsonl_last_line_without_its_newline_is_read_when_its_json_is_whole(tmp_path: Path) -> None:
+    """A JSON value closes itself: a file written without a final newline loses nothing (a user's
+    ``"\\n".join(json.dumps(row) ...)``), while a malformed whole line is still an error naming it."""
+    path = _write(tmp_path, "a.jsonl", '{"step": 1, "loss": 2.5}\n{"step": 2, "loss": 2.4}')
+    assert jsonl.parse([path]).metrics["step"].to_pylist() == [1, 2]
+    bad = _write(tmp_path, "b.jsonl", '{"step": 1, "loss": 2.5}\n[1, 2]')
+    with pytest.raises(LogFormatError, match=r"b.jsonl:2: expected a JSON object"):
+        jsonl.parse([bad])
 
 
 @pytest.mark.skipif(not (REALRUNS / "msft-megatron-ds-gpt3-125m-fp16" / "raw.log").is_file(), reason="needs realruns")
