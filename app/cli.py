@@ -199,7 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Record a 'silence' event: alerts about the run stay quiet until it ends.")
     root_arg(p)
     p.add_argument("--run", required=True, help="the run")
-    p.add_argument("--for", dest="duration", required=True, help="how long: 90m, 4h, 2d or seconds")
+    p.add_argument("--for", dest="duration", required=True, help="how long: 90m, 4h, 2d or seconds; 0 lifts it")
     p.add_argument("--by", required=True, help="who silences it")
     p.add_argument("--note", help="why (maintenance, known issue, ...)")
     p.set_defaults(func=_delegate("runwatch.app.oncall", "main_silence"))

@@ -161,15 +161,15 @@ def silence_text(silence: Silence) -> str:
 
 
 def parse_duration(text: str) -> float:
-    """'90m', '4h', '2d' or seconds -> seconds; ValueError otherwise."""
+    """'90m', '4h', '2d' or seconds -> seconds (0 lifts a silence); ValueError otherwise."""
     units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
     text = text.strip().lower()
     try:
         value = float(text[:-1]) * units[text[-1]] if text and text[-1] in units else float(text)
     except ValueError as err:
         raise ValueError(f"--for {text!r}: expected a duration such as 90m, 4h or 2d") from err
-    if not value > 0:
-        raise ValueError(f"--for {text!r}: must be positive")
+    if not value >= 0 or value == float("inf"):
+        raise ValueError(f"--for {text!r}: must be 0 (lift the silence) or a positive duration")
     return value
 
 
@@ -211,5 +211,6 @@ def main_silence(args: argparse.Namespace) -> int:
     until = time.time() + parse_duration(args.duration)
     segment, step = _latest_segment(args.root, args.run)
     write_silence(args.root, args.run, until=until, by=args.by, note=args.note or "", step=step, segment=segment)
-    print(f"{args.run}: alerts silenced until {utc(until)} by {args.by}")
+    print(f"{args.run}: alerts silenced until {utc(until)} by {args.by}" if until > time.time()
+          else f"{args.run}: silence lifted by {args.by}")
     return 0

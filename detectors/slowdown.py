@@ -211,10 +211,15 @@ class SlowdownScanner:
                           "variability_upper_bound": math.expm1(ep.frozen["scale_ucb"]),
                           "normal_variability": math.expm1(ep.frozen["scale"]),
                           "detected_step": int(steps[ep.trigger]), "recovery_steps": took},
-                message=f"steps {rise:.0%} slower from step {int(steps[onset])} "
+                message=f"steps {_how_much_slower(rise)} from step {int(steps[onset])} "
                         f"({base:.3g}s -> {level:.3g}s per step, normal variability "
                         f"{math.expm1(ep.frozen['scale']):.0%}); {state}"))
         return out
+
+
+def _how_much_slower(rise: float) -> str:
+    """"52% slower", or from twice as slow on "taking 25.8x as long" (a review read "2476% slower")."""
+    return f"{rise:.0%} slower" if rise < 1 else f"taking {1 + rise:.3g}x as long"
 
 
 def step_change(log_t: np.ndarray, lo: int, trigger: int, end: int) -> int:
@@ -269,7 +274,7 @@ def _stall_spell(group: list[Finding], cfg: SlowdownConfig, last_step: int) -> F
         needs_action=False,
         evidence={"baseline_step_s": base, "median_step_s": level, "rise": rise, "rule": "stall_spell",
                   "slow_intervals": len(group), "detected_step": group[cfg.min_obs - 1].end_step},
-        message=f"steps {rise:.0%} slower from step {onset} ({base:.3g}s -> {level:.3g}s per step over "
+        message=f"steps {_how_much_slower(rise)} from step {onset} ({base:.3g}s -> {level:.3g}s per step over "
                 f"{len(group)} slow logged intervals, each one past the stall rule); "
                 + ("back to normal" if recovered else "still slow at the last step"))
 

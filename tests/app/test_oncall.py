@@ -53,6 +53,10 @@ def test_ack_and_silence_are_events_check_shows(root: Path) -> None:
     assert acked["ack"]["by"] == "alice" and acked["kind"] == finding.kind
     _, silenced = check_with_oncall(root, "nan")
     assert silenced.silenced(time.time()) is not None and silenced.silenced(time.time() + 3 * 3600) is None
+    # Lifted from the command line: --for 0 (a review found it refused, "must be positive", with no other way).
+    lifted = _cli("silence", "--root", str(root), "--run", "nan", "--for", "0", "--by", "bob", "--note", "back on")
+    assert lifted.returncode == 0 and "silence lifted by bob" in lifted.stdout, lifted.stderr
+    assert check_with_oncall(root, "nan")[1].silenced(time.time() + 1) is None
 
 
 def test_the_latest_ack_and_silence_win_and_a_silence_can_end_early(root: Path) -> None:

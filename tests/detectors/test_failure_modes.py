@@ -148,6 +148,7 @@ def test_slowdown_megatron_golden_shape() -> None:
     [f] = detect_slowdowns(np.arange(1, 501) * 100, st)
     assert (f.onset_step, f.end_step) == (2200, 2400)
     assert f.kind == "slowdown" and f.self_recovered is True and f.severity == "warning" and not f.needs_action
+    assert f.message.startswith("steps taking 4.23x as long from step 2200"), f.message  # not "323% slower"
 
 
 def test_sustained_five_percent_slowdown_is_info() -> None:
@@ -156,6 +157,7 @@ def test_sustained_five_percent_slowdown_is_info() -> None:
     st[200:] += 5.0
     [f] = detect_slowdowns(np.arange(300), st)
     assert f.onset_step == 200 and f.severity == "info" and f.self_recovered is None
+    assert f.message.startswith("steps 5% slower from step 200"), f.message
 
 
 def test_jittery_step_time_is_not_a_slowdown() -> None:
