@@ -531,18 +531,38 @@ def warmup_end(steps: np.ndarray, lr: np.ndarray, lrc: LRConfig) -> int | None:
     while True:
         with np.errstate(invalid="ignore"):
             ok = np.isfinite(lr[:m]) & (lr[:m] > 0)
-        v = lr[:m][ok]
+        v, at = lr[:m][ok], steps[:m][ok]
         whole = m >= len(lr)
         if len(v) >= 3 or whole:
             if len(v) < 3 or not v[1] > v[0]:
                 return None
+            v, at = _unrounded(v, at, lrc)
             # It ends where the LR stops rising, or before a burst steepens its rise (``LRConfig.warmup_steepen``).
             with np.errstate(divide="ignore", invalid="ignore"):
-                rate = np.diff(np.log(v)) / np.maximum(np.diff(steps[:m][ok]), 1)
+                rate = np.diff(np.log(v)) / np.maximum(np.diff(at), 1)
             stop = np.flatnonzero((rate <= 0) | np.r_[False, rate[1:] > lrc.warmup_steepen * rate[:-1]])
             if len(stop) or whole:
-                return int(steps[:m][ok][stop[0] if len(stop) else -1])
+                return int(at[stop[0] if len(stop) else -1])
         m *= 8
+
+
+def _unrounded(v: np.ndarray, at: np.ndarray, lrc: LRConfig) -> tuple[np.ndarray, np.ndarray]:
+    """The LR rows (``v`` at steps ``at``) without the repeats a log's rounding makes: a value repeated over fewer
+    than ``lrc.held_steps`` updates, the LR rising past it after, is no level the run was held at (llm.c prints
+    1e-06, 2e-06, 3e-06, 3e-06, 4e-06 for a linear warm-up, read as its end at step 2 and every later rise as a
+    raise off the schedule, "x189"). A value held longer, or the last, stays: there the rise stopped."""
+    same = np.flatnonzero(v[1:] == v[:-1]) + 1  # rows repeating the row before
+    if not len(same):
+        return v, at
+    keep = np.ones(len(v), bool)
+    starts = same[np.r_[True, np.diff(same) > 1]]  # first row of each run of repeats
+    for a in starts.tolist():
+        b = a
+        while b + 1 < len(v) and v[b + 1] == v[a]:
+            b += 1
+        if b + 1 < len(v) and v[b + 1] > v[b] and at[b] - at[a - 1] < lrc.held_steps:
+            keep[a:b + 1] = False
+    return v[keep], at[keep]
 
 
 WARMUP_PREFIX = 4096

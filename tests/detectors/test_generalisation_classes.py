@@ -2658,3 +2658,28 @@ def test_89_guard_a_harmless_step_raise_is_not_looked_at_again_with_every_row(li
             pages += [(i, f.onset_step) for f in live_analyzer.report().findings
                       if f.evidence.get("rule") == "lr_change_point"]
     assert pages == [], pages
+
+
+# 91. A log's rounding of the LR is not the end of the warm-up.
+
+def test_91_a_warm_up_printed_with_few_digits_is_one_warm_up() -> None:
+    """llm.c prints the LR with six decimals: a linear warm-up to 6e-4 over 700 steps reads 1e-06, 2e-06, 3e-06,
+    3e-06, 4e-06 ... The repeated 3e-06 read as the warm-up's end at step 2, so every later row of the warm-up was
+    a rise off the schedule: a bad batch at 660 on the real 124M log said "after the LR rose x189". A value repeated
+    over fewer than ``held_steps`` updates, the LR rising past it after, is the log's rounding. Fails on e613ad0.
+    Guard: a warm-up that stops and holds its LR still ends where it stopped."""
+    from runwatch.detectors.divergence import warmup_end
+
+    n = 1200
+    steps = np.arange(n)
+    lr = np.round(6e-4 * np.minimum((steps + 1) / 700, 1.0), 6)
+    assert list(lr[:5]) == [1e-06, 2e-06, 3e-06, 3e-06, 4e-06]
+    assert warmup_end(steps, lr, DEFAULT.lr) == 699
+    loss, grad = loss_curve(n), grad_curve(n)
+    loss[660] += 3.0
+    grad[660] *= 6
+    [spike] = [f for f in analyze(rows_table(steps, loss=loss, grad_norm=grad, lr=lr)).findings if f.kind == "spike"]
+    assert spike.onset_step == 660 and not spike.evidence["lr_raised"] and "LR rose" not in spike.message, spike
+    held = lr.copy()
+    held[300:] = held[300]  # the warm-up stopped at 300 and the LR was held there
+    assert warmup_end(steps, held, DEFAULT.lr) == 300
