@@ -554,14 +554,12 @@ def _unrounded(v: np.ndarray, at: np.ndarray, lrc: LRConfig) -> tuple[np.ndarray
     same = np.flatnonzero(v[1:] == v[:-1]) + 1  # rows repeating the row before
     if not len(same):
         return v, at
-    cut = np.flatnonzero(np.diff(same) > 1)
-    first, last = same[np.r_[0, cut + 1]], same[np.r_[cut, len(same) - 1]]  # each run of repeats
+    run = np.cumsum(np.r_[True, np.diff(same) > 1]) - 1  # which run of repeats each repeating row is in
+    first, last = same[np.r_[True, run[1:] != run[:-1]]], same[np.r_[run[1:] != run[:-1], True]]
     after = np.minimum(last + 1, len(v) - 1)
     drop = (last + 1 < len(v)) & (v[after] > v[last]) & (at[last] - at[first - 1] < lrc.held_steps)
-    marks = np.zeros(len(v) + 1, np.int64)
-    np.add.at(marks, first[drop], 1)
-    np.add.at(marks, last[drop] + 1, -1)
-    keep = np.cumsum(marks[:-1]) == 0
+    keep = np.ones(len(v), bool)
+    keep[same[drop[run]]] = False
     return v[keep], at[keep]
 
 
