@@ -691,7 +691,11 @@ def _lr_story(steps: np.ndarray, lr: np.ndarray, onset: int, end: int, history: 
                 "lr_still_raised": False, "lr_scheduled": False, "lr_restart_step": None, "lr_step_up_step": None}
     lr_cause = float(cause.max())
     ratio = lr_cause / level
-    raised = bool(ratio >= lrc.raise_factor)
+    # An LR that rose on the opening warm-up's own path up to the excursion's peak rose on the schedule: the warm-up
+    # ends before any row that steepens its rise (``warmup_end``), so a burst inside it is still read as a raise,
+    # while a log excerpt that ends inside its warm-up has no level to read one against (bigscience's
+    # perf-meg-ds-zero, 4 rows of a linear warm-up: "the LR rose x3 into the excursion: restore it").
+    raised = bool(ratio >= lrc.raise_factor) and not in_warmup(steps, lr, int(steps[max(onset, peak or onset)]), lrc)
     first = max(history, anchor - 1 - LR_BEFORE_ROWS)
     window = lr[first:onset + 1]
     rise = np.flatnonzero(np.isfinite(window) & (window >= lrc.raise_factor * level))

@@ -2683,3 +2683,24 @@ def test_91_a_warm_up_printed_with_few_digits_is_one_warm_up() -> None:
     held = lr.copy()
     held[300:] = held[300]  # the warm-up stopped at 300 and the LR was held there
     assert warmup_end(steps, held, DEFAULT.lr) == 300
+
+
+# 92. An LR that rose on the opening warm-up's path is the schedule, however few rows the log has.
+
+def test_92_an_excerpt_that_ends_inside_its_warm_up_reads_no_lr_raise() -> None:
+    """bigscience's perf-meg-ds-zero log has four iterations of a linear warm-up (1.875e-05 a step) and a loss that
+    jumps 12.52 -> 40.75 at the third: the LR at the jump (x3 the first row's) read as a raise off the schedule,
+    "restore it before resuming" and "skip batches 0-199". Every row of it lies on the warm-up's path (it rises by
+    a steady step, never steepening), so the rise is the schedule's. Fails on 3a4887b. Guard: a burst on the same
+    warm-up (x50 at the jump) steepens it, ends the warm-up the row before, and is a raise."""
+    steps = np.arange(1, 5)
+    lr = 1.875e-05 * steps
+    loss = np.array([12.52221, 12.5177, 40.75232, 38.99556])
+    [finding] = analyze(rows_table(steps, loss=loss, lr=lr)).findings
+    assert finding.onset_step == 3 and not finding.evidence["lr_raised"], finding
+    report = analyze(rows_table(steps, loss=loss, lr=lr))
+    assert report.rollback is None or not any("restore it" in a for a in report.rollback.actions), report.rollback
+    burst = lr.copy()
+    burst[2] *= 50
+    [finding] = analyze(rows_table(steps, loss=loss, lr=burst)).findings
+    assert finding.evidence["lr_raised"] and finding.evidence["lr_ratio"] > 40, finding
