@@ -49,6 +49,8 @@ except ImportError as err:
 
 from runwatch.collectors.frameworks import CheckpointLedger, never_raises
 from runwatch.collectors.monitor import Monitor, MonitorConfig
+from runwatch.collectors.rank_signals import has_replicated_grads
+from runwatch.collectors.uploader import UploaderConfig
 from runwatch.collectors.signals import final_layer
 
 _CHECKPOINT_PREFIX = "checkpoint"  # the Trainer's checkpoint-<global_step> folders
@@ -60,12 +62,19 @@ class RunwatchTrainerCallback(TrainerCallback):
     ``activation_module`` is the module whose output is the final layer's
     activation: a module, a dotted name inside the model
     (``"transformer.h.11"``), or None to find the last block by structure.
-    ``config`` and ``meta`` go to ``Monitor``.
+    ``config``, ``meta``, ``spool``, ``upload`` and ``replicated_grads`` go to ``Monitor`` (a root may be an
+    object-store URL, as there); ``skip_batches`` is the range a resumed fit skips, recorded with its resume
+    event. Data-parallel replicas (plain DDP) are recognised from the wrapped model.
     """
 
     def __init__(self, root: str | Path, *, run: str, activation_module: nn.Module | str | None = None,
-                 config: MonitorConfig | None = None, meta: Mapping[str, Any] | None = None) -> None:
-        self.root, self.run = Path(root), run
+                 config: MonitorConfig | None = None, meta: Mapping[str, Any] | None = None,
+                 skip_batches: tuple[int, int] | None = None, spool: str | Path | None = None,
+                 upload: UploaderConfig | None = None, replicated_grads: bool | None = None) -> None:
+        # The root as given: an object-store URL (s3://...) must reach Monitor as one, not as a local path.
+        self.root, self.run = root, run
+        self.skip_batches, self.replicated_grads = skip_batches, replicated_grads
+        self.storage = {"spool": spool, "upload": upload}
         self.activation_module = activation_module
         self.config = dataclasses.replace(config or MonitorConfig(), compute_grad_norm=False)
         self.meta = dict(meta or {})
@@ -91,8 +100,10 @@ class RunwatchTrainerCallback(TrainerCallback):
         self.monitor = Monitor(
             self.root, self.run, model=model, scaler=scaler, activation_module=self._activation_module(model),
             config=self.config, resume_step=state.global_step if state.global_step > 0 else None,
-            resume_checkpoint=resumed_from, precision=_precision(args),
-            meta={"framework": f"transformers {transformers.__version__}", **self.meta},
+            resume_checkpoint=resumed_from, skip_batches=self.skip_batches if state.global_step > 0 else None,
+            precision=_precision(args), meta={"framework": f"transformers {transformers.__version__}", **self.meta},
+            replicated_grads=has_replicated_grads(getattr(trainer, "model_wrapped", None), self.replicated_grads),
+            **self.storage,
         )
         self._loss = self._grad_norm = self._lr = None
         self._last_event = time.perf_counter()
@@ -127,7 +138,8 @@ class RunwatchTrainerCallback(TrainerCallback):
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Called after a checkpoint save: checkpoint-<global_step> holds global_step updates."""
         if self.monitor is not None:
-            path = Path(args.output_dir) / f"{_CHECKPOINT_PREFIX}-{state.global_step}"
+            # Absolute: the dashboard and the CLI check the file from their own working directory.
+            path = Path(args.output_dir).absolute() / f"{_CHECKPOINT_PREFIX}-{state.global_step}"
             self._ledger.saved(self.monitor, state.global_step, path, time.perf_counter() - self._last_event)
         self._last_event = time.perf_counter()
 
@@ -191,7 +203,7 @@ def _calling_trainer(callback: TrainerCallback) -> tuple[Trainer | None, str | N
         owner = frame.f_locals.get("self")
         if isinstance(owner, Trainer) and callback in owner.callback_handler.callbacks:
             resumed = frame.f_locals.get("resume_from_checkpoint")
-            return owner, str(resumed) if isinstance(resumed, (str, Path)) else None
+            return owner, str(Path(resumed).absolute()) if isinstance(resumed, (str, Path)) else None
         frame = frame.f_back
     return None, None
 

@@ -39,6 +39,8 @@ from torch import nn
 
 from runwatch.collectors.frameworks import CheckpointLedger, never_raises
 from runwatch.collectors.monitor import Monitor, MonitorConfig
+from runwatch.collectors.rank_signals import has_replicated_grads
+from runwatch.collectors.uploader import UploaderConfig
 from runwatch.collectors.signals import final_layer, fused_grad_norm
 
 _PACKAGES = ("lightning.pytorch", "pytorch_lightning")
@@ -59,12 +61,19 @@ class RunwatchCallback(*_callback_bases()):
     ``activation_module`` is the module whose output is the final layer's
     activation: a module, a dotted name inside the LightningModule
     (``"model.blocks.11"``), or None to find the last block by structure.
-    ``config`` and ``meta`` go to ``Monitor``.
+    ``config``, ``meta``, ``spool``, ``upload`` and ``replicated_grads`` go to ``Monitor`` (a root may be an
+    object-store URL, as there); ``skip_batches`` is the range a resumed fit skips, recorded with its resume
+    event. Data-parallel replicas (plain DDP) are recognised from the wrapped model.
     """
 
     def __init__(self, root: str | Path, *, run: str, activation_module: nn.Module | str | None = None,
-                 config: MonitorConfig | None = None, meta: Mapping[str, Any] | None = None) -> None:
-        self.root, self.run = Path(root), run
+                 config: MonitorConfig | None = None, meta: Mapping[str, Any] | None = None,
+                 skip_batches: tuple[int, int] | None = None, spool: str | Path | None = None,
+                 upload: UploaderConfig | None = None, replicated_grads: bool | None = None) -> None:
+        # The root as given: an object-store URL (s3://...) must reach Monitor as one, not as a local path.
+        self.root, self.run = root, run
+        self.skip_batches, self.replicated_grads = skip_batches, replicated_grads
+        self.storage = {"spool": spool, "upload": upload}
         self.activation_module = activation_module
         # The callback passes the gradient norm itself: the monitor must not compute a post-clip one.
         self.config = dataclasses.replace(config or MonitorConfig(), compute_grad_norm=False)
@@ -97,7 +106,10 @@ class RunwatchCallback(*_callback_bases()):
             self.root, self.run, model=pl_module, scaler=getattr(trainer.precision_plugin, "scaler", None),
             activation_module=self._activation_module(pl_module), config=self.config,
             resume_step=trainer.global_step if ckpt is not None else None, resume_checkpoint=ckpt,
+            skip_batches=self.skip_batches if ckpt is not None else None,
             precision=str(trainer.precision), meta={"framework": _framework(trainer), **self.meta},
+            replicated_grads=has_replicated_grads(getattr(trainer.strategy, "model", None), self.replicated_grads),
+            **self.storage,
         )
         self._recorded_step = trainer.global_step
         self._loss = self._grad_norm = None

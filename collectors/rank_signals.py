@@ -90,6 +90,7 @@ class StepTimer:
         self._data: float | None = None
         self._forward = 0.0
         self._start: float | Any = None
+        self._depth = 0  # forwards of ``inner`` under way: a nested call is part of the outermost one
         self._pairs: list[tuple[Any, Any]] = []
         self._free: list[Any] = []  # CUDA events handed back by the writer, reused
         disable = getattr(torch.compiler, "disable", lambda f: f)  # keep the hooks out of a compiled graph
@@ -116,6 +117,11 @@ class StepTimer:
         try:
             if not module.training:
                 return
+            self._depth += 1
+            if self._depth > 1:
+                # A call inside the forward (Lightning runs ``training_step`` through the module's ``__call__``,
+                # and it calls ``self(x)``): the time is the outermost call's, from its start.
+                return
             if self.cuda:
                 self._start = self._event()
                 self._start.record()  # enqueued on the stream: no sync
@@ -126,7 +132,10 @@ class StepTimer:
 
     def _inner_post(self, module: nn.Module, args: object, output: object) -> None:
         try:
-            if not module.training or self._start is None:
+            if not module.training or self._depth == 0:
+                return
+            self._depth -= 1
+            if self._depth > 0 or self._start is None:
                 return
             if self.cuda:
                 end = self._event()
@@ -148,7 +157,8 @@ class StepTimer:
         pairs, self._pairs = self._pairs, []
         if not self.cuda and self._forward > 0:
             host["forward_time"] = self._forward
-        self._data, self._forward, self._start = None, 0.0, None
+        # A forward that raised never ran its post-hook: each step starts from no forward under way.
+        self._data, self._forward, self._start, self._depth = None, 0.0, None, 0
         self.last_step_at, self.last_step = time.perf_counter(), step
         return host, pairs
 

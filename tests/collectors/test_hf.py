@@ -106,3 +106,34 @@ def test_fp16_loss_scale_on_cuda(tmp_path: Path) -> None:
     assert rows["loss_scale"].to_pylist() == used and rows["found_inf"].null_count == 0
     assert meta["precision"] == "fp16-mixed" and meta["scaler"]["init_scale"] == used[0]
     assert callback.monitor.num_errors == 0
+
+
+def test_an_object_store_root_a_relative_output_dir_and_the_batches_a_resume_skips(
+        tmp_path: Path, s3_root: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The callback made a ``Path`` of its root: ``s3://bucket/prefix`` became a local folder named ``s3:``, and
+    nothing reached the bucket. A relative ``output_dir`` was stored as it was, so a checkpoint's file was
+    looked for from the CLI's or the dashboard's own directory. Fails on 3a4887b."""
+    from tests.collectors.test_monitor_s3 import FAST
+
+    monkeypatch.chdir(tmp_path)
+
+    def trainer(max_steps: int, skip: tuple[int, int] | None = None) -> Trainer:
+        callback = RunwatchTrainerCallback(s3_root, run="hf-s3", spool=tmp_path / "spool", upload=FAST,
+                                           skip_batches=skip)
+        args = TrainingArguments(output_dir="out", max_steps=max_steps, per_device_train_batch_size=4,
+                                 learning_rate=3e-3, logging_steps=1, save_strategy="steps", save_steps=4,
+                                 report_to=[], disable_tqdm=True, seed=0, use_cpu=True)
+        return Trainer(model=_model(), args=args, train_dataset=_dataset(96), callbacks=[callback])
+
+    trainer(8).train()
+    trainer(10, skip=(5, 6)).train(resume_from_checkpoint="out/checkpoint-4")
+    assert not (tmp_path / "s3:").exists()
+    with Store(s3_root) as store:
+        segments = [(s["segment"], s["first_step"], s["last_step"]) for s in store.segments("hf-s3").to_pylist()]
+        events = store.events("hf-s3").to_pylist()
+    assert segments == [(0, 1, 8), (1, 5, 10)], segments
+    ckpt = str(tmp_path / "out" / "checkpoint-4")
+    paths = [json.loads(e["payload"])["path"] for e in events if e["event"] == "checkpoint"]
+    assert paths[:2] == [ckpt, str(tmp_path / "out" / "checkpoint-8")], paths
+    [resume] = [json.loads(e["payload"]) for e in events if e["event"] == "resume"]
+    assert resume["checkpoint"] == ckpt and resume["skip_batches"] == [5, 6], resume

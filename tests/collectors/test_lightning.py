@@ -5,6 +5,9 @@ from __future__ import annotations
 import importlib
 import json
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 
+from runwatch.app.judge import judge_run
 from runwatch.app.tinygpt import TinyGPT, TinyGPTConfig, synthetic_batches
 from runwatch.collectors.lightning import RunwatchCallback
 from runwatch.collectors.signals import activation_rms
@@ -245,3 +249,23 @@ def test_fp16_on_cuda_the_callback_never_syncs(tmp_path: Path) -> None:
     assert rows["loss_scale"].to_pylist() == module.used_scales
     assert rows["found_inf"].to_pylist() == [s in infs for s in range(1, 15)]
     assert rows["loss"].to_pylist() == pytest.approx([x.item() for x in module.micro_losses], rel=1e-6)
+
+
+@pytest.mark.integration
+def test_under_ddp_a_rank_slowed_inside_its_step_and_a_perturbed_replica_are_found(tmp_path: Path) -> None:
+    """Two ranks under ``torchrun`` with Lightning's DDP strategy (``lightning_job.py``). Rank 1's ``training_step``
+    sleeps 10 ms before it calls ``self(x)``: the model's forward is a call inside the step's call, and its time
+    was lost (no straggler, and a hang there pinned on no rank). Its all-reduced gradients are off by 0.1%: the
+    callback passed the unwrapped module, so the run was recorded without replicated gradients and the
+    disagreement was never looked for. Both fail on 3a4887b."""
+    job = Path(__file__).with_name("lightning_job.py")
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           str(job), "--root", str(tmp_path), "--name", "ddp", "--steps", "200", "--slow-ms", "10"],
+                          env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    with Store(tmp_path) as store:
+        report, meta = judge_run(store, "ddp"), store.meta("ddp")
+    assert meta["replicated_grads"] is True
+    alarms = [(f.kind, f.rank, f.evidence.get("section")) for f in report.findings
+              if f.kind in ("straggler", "rank_disagreement") and f.severity != "info"]
+    assert ("straggler", 1, "forward") in alarms and ("rank_disagreement", 1, None) in alarms, alarms

@@ -59,6 +59,35 @@ def test_forward_and_input_wait_are_timed_without_a_sync(tmp_path: Path) -> None
     assert rows[0]["data_time"] is None and all(0.03 <= r["data_time"] < 0.2 for r in rows[1:])
 
 
+class CallsItself(torch.nn.Module):
+    """What Lightning does under DDP: ``training_step`` runs through the module's ``__call__`` (its forward
+    swapped for the step), and the step calls ``self(x)``: a forward inside the forward."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.lin, self.seconds = torch.nn.Linear(4, 4), seconds
+
+    def forward(self, x: torch.Tensor, outer: bool = False) -> torch.Tensor:
+        if not outer:
+            return self.lin(x)
+        time.sleep(self.seconds)  # the step's own work before it calls the model (a slow device, a hang)
+        return self(x)
+
+
+def test_a_forward_called_inside_the_forward_is_timed_from_the_outer_call(tmp_path: Path) -> None:
+    """The nested call's pre-hook restarted the clock: the time before it was in neither ``data_time`` nor
+    ``forward_time``, so a rank slowed there was no straggler and a hang there was pinned on no rank."""
+    model = CallsItself(0.1)
+    mon = Monitor(tmp_path, "nested", model=model, config=MonitorConfig(flush_every_steps=4))
+    for step in range(4):
+        model(torch.randn(2, 4), outer=True).sum().backward()
+        mon.step(step, loss=torch.tensor(1.0))
+    mon.close()
+    with Store(tmp_path) as store:
+        rows = store.rows("nested").to_pylist()
+    assert mon.num_errors == 0 and all(0.1 <= r["forward_time"] < 0.45 for r in rows), rows
+
+
 def test_the_heartbeat_says_how_far_the_rank_got(tmp_path: Path) -> None:
     model = TinyGPT(CFG)
     opt = torch.optim.AdamW(model.parameters())
