@@ -64,6 +64,12 @@ def exit_code(report: Report) -> int:
     return EXIT_ACTION if report.health in ACTION_HEALTH else EXIT_OK
 
 
+def came_back_by_itself(finding: dict) -> bool:
+    """An open finding (a finding's fields, or its ``--json`` object) that is no longer going on: recent, it keeps
+    the run watching a while, but it came back without needing action."""
+    return bool(finding.get("open") and finding.get("self_recovered") and not finding.get("needs_action"))
+
+
 def format_report(run: str, report: Report, oncall: OnCall | None = None, now: float | None = None) -> str:
     """The 3 a.m. view: one health line, what happened, what to do; every line passes ``escape.terminal``."""
     oncall = oncall or OnCall()
@@ -73,7 +79,7 @@ def format_report(run: str, report: Report, oncall: OnCall | None = None, now: f
         lines.append(f"alerts {silence_text(silence)}")
     # Open: needs action or not back yet. A recent one that came back by itself stays open (it keeps the run
     # watching a while) but is no longer going on: "recent", so the on-call does not read "it resumed" as a stall.
-    came_back = [f for f in report.findings if f.open and f.self_recovered and not f.needs_action]
+    came_back = [f for f in report.findings if came_back_by_itself(vars(f))]
     open_ = [f for f in report.findings if f.open and f not in came_back]
     history = [f for f in report.findings if not f.open]
     if not report.findings:

@@ -22,7 +22,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from runwatch.app import escape
-from runwatch.app.check import ACTION_HEALTH, EXIT_ACTION, EXIT_OK, EXIT_USAGE
+from runwatch.app.check import ACTION_HEALTH, EXIT_ACTION, EXIT_OK, EXIT_USAGE, came_back_by_itself
 from runwatch.app.progress import Progress
 from runwatch.data.roots import open_root, run_of
 
@@ -107,12 +107,17 @@ def exit_code(results: Sequence[dict]) -> int:
 
 
 def format_line(result: dict) -> str:
-    """One terminal line per run: health, then the open findings' kinds (run names and kinds are data)."""
+    """One terminal line per run: health, then the open findings' kinds and the recent ones that came back by
+    themselves, as ``check`` groups them (run names and kinds are data)."""
     if "error" in result:
         return escape.terminal(f"{result['run']}: ERROR {result['error']}")
-    open_ = [f for f in result["findings"] if f.get("open")]
-    kinds = ", ".join(f"{f['kind']}@{f['onset_step']}" for f in open_)
-    return escape.terminal(f"{result['run']}: {result['health'].upper()}" + (f"  open: {kinds}" if kinds else ""))
+    line = f"{result['run']}: {result['health'].upper()}"
+    recent = [f for f in result["findings"] if came_back_by_itself(f)]
+    for title, group in (("open", [f for f in result["findings"] if f.get("open") and f not in recent]),
+                         ("recent", recent)):
+        if group:
+            line += f"  {title}: " + ", ".join(f"{f['kind']}@{f['onset_step']}" for f in group)
+    return escape.terminal(line)
 
 
 def main(args: object) -> int:
@@ -121,6 +126,8 @@ def main(args: object) -> int:
                         now=getattr(args, "now", None), master=getattr(args, "master", None))
     if args.json:
         sys.stdout.write(json.dumps(results, allow_nan=False) + "\n")
+    elif not results:
+        print(f"no runs under {args.root}")
     else:
         for result in results:
             print(format_line(result))

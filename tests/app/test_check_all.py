@@ -131,3 +131,21 @@ def test_the_overview_takes_stored_verdicts_and_judges_newer_files(fleet: Path, 
     for run, sig in state.signatures(root_dir).items():
         state.report_for(root_dir, run, sig=sig)
     assert judged == ["healthy-0"]
+
+
+def test_the_line_per_run_groups_findings_as_check_does(tmp_path: Path) -> None:
+    """A review's HEALTHY run printed ``open: spike@211, spike@234``: two 'info' spikes that ``check --run`` lists
+    under "recent (came back by itself)". An empty root printed ``0 runs: `` where ``runs`` says there are none."""
+    from runwatch.app.check_all import format_line
+
+    def finding(kind: str, step: int, *, open_: bool, back: bool, action: bool = False) -> dict:
+        return {"kind": kind, "onset_step": step, "open": open_, "self_recovered": back, "needs_action": action}
+
+    result = {"run": "r", "health": "watching", "findings": [
+        finding("nan", 90, open_=False, back=True), finding("spike", 211, open_=True, back=True),
+        finding("stall", 650, open_=True, back=False), finding("scaler_collapse", 700, open_=True, back=True,
+                                                                action=True)]}
+    assert format_line(result) == "r: WATCHING  open: stall@650, scaler_collapse@700  recent: spike@211"
+    (tmp_path / "empty").mkdir()
+    out = run_cli("check", "--all", "--root", str(tmp_path / "empty"))
+    assert out.returncode == 0 and out.stdout == f"no runs under {tmp_path / 'empty'}\n", out.stdout
