@@ -264,18 +264,37 @@ def resume_command(run: str, rollback: object, meta: Mapping[str, object] | None
     return head + " \\\n    ".join(shell)
 
 
-def monitor_call(run: str, rollback: object) -> str:
-    """The resume recipe's line in the training script: the ``Monitor`` that records the resume as a segment."""
+FRAMEWORK_RESUMES = (  # (the run's ``framework`` starts with, its callback, the call that resumes from ``{path}``)
+    ("transformers", "RunwatchTrainerCallback", "trainer.train(resume_from_checkpoint={path})"),
+    ("lightning", "RunwatchCallback", "trainer.fit(model, datamodule, ckpt_path={path})"),
+    ("pytorch_lightning", "RunwatchCallback", "trainer.fit(model, datamodule, ckpt_path={path})"),
+)
+
+
+def monitor_call(run: str, rollback: object, meta: Mapping[str, object] | None = None) -> str:
+    """The resume recipe's lines in the training script: the ``Monitor`` that records the resume as a segment, or,
+    for a run a framework's callback recorded (``meta['framework']``), the callback and the framework's own resume
+    (the step comes from the checkpoint there)."""
     step, path = getattr(rollback, "checkpoint_step", None), getattr(rollback, "checkpoint_path", None)
     skip = getattr(rollback, "skip_batches", None)
+    skip_arg = [f"skip_batches=({int(skip[0])}, {int(skip[1])})"] if skip else []
+    framework = str((meta or {}).get("framework") or "")
+    for name, callback, resume in FRAMEWORK_RESUMES:
+        if framework.split(" ")[0] == name:
+            lines = [f"callback = {callback}(root, run={', '.join([repr(run), *skip_arg])})"]
+            if skip:
+                lines.insert(0, f"# skip batches {int(skip[0])}-{int(skip[1])} in your data pipeline: the callback "
+                                "records the range, the trainer does not skip it")
+            if not path:
+                lines.insert(0, "# no retained, healthy checkpoint qualifies (see why): resume from the earliest state")
+            lines.append(resume.format(path=repr(str(path)) if path else "None"))
+            return "\n".join(lines)
     monitor_args = [repr(run)]
     if step is not None:
         monitor_args.append(f"resume_step={int(step)}")
     if path:
         monitor_args.append(f"resume_checkpoint={str(path)!r}")
-    if skip:
-        monitor_args.append(f"skip_batches=({int(skip[0])}, {int(skip[1])})")
-    return f"mon = Monitor(root, run={', '.join(monitor_args)}, model=model)"
+    return f"mon = Monitor(root, run={', '.join(monitor_args + skip_arg)}, model=model)"
 
 
 # The command line's words in errors the importers raise, as the Import page names the same things.

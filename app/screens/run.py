@@ -83,8 +83,8 @@ def _rollback_card(slot: object, run: str, report: object, meta: dict) -> None:
         with right:
             st.caption("Resume recipe: the shell command (copy button at the top right) ...")
             st.code(views.resume_command(run, rollback, meta), language="bash", wrap_lines=True)
-            st.caption("... and, in the training script, the Monitor that records the resume")
-            st.code(views.monitor_call(run, rollback), language="python", wrap_lines=True)
+            st.caption("... and, in the training script, the resume that runwatch records")
+            st.code(views.monitor_call(run, rollback, meta), language="python", wrap_lines=True)
         evidence = views.evidence_rows(getattr(rollback, "evidence", {}))
         if evidence:
             with st.expander("evidence"):

@@ -144,3 +144,23 @@ def test_a_rolled_back_finding_is_grey_and_stops_where_the_main_line_took_over()
     assert band["label"] == "divergence (rolled back)"
     [band] = views.finding_bands([rolled_back], last_step=480)  # the same finding with no resume after it
     assert (band["x1"], band["severity"]) == (400, "critical")
+
+
+@pytest.mark.parametrize("framework, resume", [
+    ("transformers 4.57.0", "trainer.train(resume_from_checkpoint='/ckpt/checkpoint-250')"),
+    ("lightning 2.5.1", "trainer.fit(model, datamodule, ckpt_path='/ckpt/checkpoint-250')")])
+def test_a_run_recorded_by_a_framework_callback_resumes_through_the_framework(framework: str, resume: str) -> None:
+    """A review's HF Trainer run was told to add ``mon = Monitor(...)``: a second recorder beside the callback,
+    whose resume makes a segment of its own and a warning. The recipe is the callback and the trainer's resume."""
+    rb = Rollback(checkpoint_step=250, checkpoint_path="/ckpt/checkpoint-250", skip_batches=[251, 300], actions=[],
+                  reason="", evidence={}, checkpoint_missing=False)
+    lines = views.monitor_call("gpt", rb, {"framework": framework}).splitlines()
+    assert "Monitor(" not in "\n".join(lines) and lines[-1] == resume, lines
+    assert lines[1].endswith("(root, run='gpt', skip_batches=(251, 300))") and "251-300" in lines[0], lines
+    for line in lines:
+        compile(line, "recipe", "exec")  # each line is Python as it stands
+    none = Rollback(checkpoint_step=None, checkpoint_path=None, skip_batches=None, actions=[], reason="",
+                    evidence={}, checkpoint_missing=False)
+    recipe = views.monitor_call("gpt", none, {"framework": framework})
+    compile(recipe, "recipe", "exec")
+    assert "None)" in recipe and "no retained, healthy checkpoint" in recipe
