@@ -121,6 +121,15 @@ def _began_inside(f: Finding, episode: Finding) -> bool:
     return f.segment == episode.segment and episode.onset_step <= f.onset_step <= episode.end_step
 
 
+def _outlived(collapse: Finding, nan: Finding) -> bool:
+    """A scaler collapse that began inside a NaN episode and is a state of its own after it: the values came back
+    finite and the scale stayed under the floor, a broken scaler by itself (``ScalerConfig.floor``) that regrowth at
+    one doubling per growth interval does not undo within a run. A review's Lightning fp16 run halved 65536 to
+    0.002 over 25 steps of infinite loss, trained on finite values at that scale and read 'watching'. Skips at a
+    scale above the floor just after the values came back are the NaN's tail (a diverged run overflowing on)."""
+    return bool(nan.self_recovered and collapse.self_recovered is not True and collapse.evidence.get("below_floor"))
+
+
 def _a_slow_rise(f: Finding) -> bool:
     """A spike the CUSUM opened (a sustained rise, no observation far out) with no LR cause before it."""
     ev = f.evidence
@@ -168,7 +177,7 @@ def merge_overlaps(findings: list[Finding], cfg: DetectorConfig = DEFAULT) -> li
     A NaN after a divergence stays its own finding: it changes the advice
     (BF16, data) and marks the point of no return; a scaler collapse that
     starts inside a NaN episode is that NaN (the scaler skips non-finite steps),
-    and a slow rise of the loss that starts inside a scaler collapse is that
+    unless it outlived it (finite again, the scale not regrown), and a slow rise of the loss that starts inside a scaler collapse is that
     collapse (skipped updates leave the loss above its trend).
     """
     out = [_as_divergence(f, cfg) if _diverged(f, cfg) else f for f in findings]
@@ -183,9 +192,11 @@ def merge_overlaps(findings: list[Finding], cfg: DetectorConfig = DEFAULT) -> li
     # are what pages it (dev set's divergence-05: act x5.4 and grad x6.2 under a sustained rise left 'info').
     out = [f for f in out if not (f.evidence.get("rule") == "precursor" and f.evidence.get("loss_moved") and any(
         o is not f and o.kind in LOSS_KINDS and o.severity != "info" and overlaps(f, o) for o in out))]
-    # Once weights or values are non-finite an fp16 scaler skips every step: that collapse is the NaN's echo.
+    # Once weights or values are non-finite an fp16 scaler skips every step: that collapse is the NaN's echo, unless
+    # it outlived the NaN (``_outlived``).
     nans = [f for f in out if f.kind == "nan"]
-    out = [f for f in out if not (f.kind == "scaler_collapse" and any(_began_inside(f, n) for n in nans))]
+    out = [f for f in out if not (f.kind == "scaler_collapse" and any(
+        _began_inside(f, n) and not _outlived(f, n) for n in nans))]
     # While the scaler skips updates the loss cannot follow its falling trend: a slow rise against the trend (the
     # CUSUM's, no LR cause) that begins then is the collapse's consequence, not a second incident. A jump, or a
     # move the LR made, is one skipped updates cannot explain.

@@ -119,7 +119,14 @@ class SegmentDetectors:
 
     def _each(self, call) -> dict[str, object]:
         """``call(series, scanner)`` for every scanner, by kind: on threads after a long stretch of rows."""
-        workers = self._threads
+        workers, unchecked = self._threads, call
+
+        def call(series: str, scanner: object) -> object:
+            # Non-finite values are data here (an overflowed loss, a NaN norm), not arithmetic errors to warn about
+            # on stderr; per call, since numpy's error state is per thread.
+            with np.errstate(all="ignore"):
+                return unchecked(series, scanner)
+
         if workers < 2:
             return {kind: call(*pair) for kind, pair in self.scanners.items()}
         with ThreadPoolExecutor(max_workers=workers) as pool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import gzip
 import json
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -2704,3 +2705,33 @@ def test_92_an_excerpt_that_ends_inside_its_warm_up_reads_no_lr_raise() -> None:
     burst[2] *= 50
     [finding] = analyze(rows_table(steps, loss=loss, lr=burst)).findings
     assert finding.evidence["lr_raised"] and finding.evidence["lr_ratio"] > 40, finding
+
+
+# 93. A scaler collapse that outlives the NaN it began in is a collapse of its own.
+
+def _overflow_run(nan_to_the_end: bool) -> pa.Table:
+    """fp16 with GradScaler's defaults: 25 steps of infinite loss from 151 halve the scale 25 times (65536 ->
+    0.002); the loss comes back finite after them, or (a weight gone NaN) stays non-finite to the end."""
+    n = 300
+    steps = np.arange(1, n + 1)
+    loss, grad = loss_curve(n), grad_curve(n)
+    bad = (steps >= 151) & ((steps <= 175) | nan_to_the_end)
+    loss[bad] = np.inf if not nan_to_the_end else np.nan
+    grad[bad] = np.inf
+    scale = 65536.0 * 0.5 ** (np.cumsum(bad) - bad)  # the scale each step ran at: halved after each overflow
+    return rows_table(steps, loss=loss, grad_norm=grad, loss_scale=scale, found_inf=bad)
+
+
+def test_93_a_collapse_that_outlived_its_nan_needs_action() -> None:
+    """A review's Lightning fp16 run: infinite loss for updates 151-175, the scale halved to 0.002 and never
+    regrew, and ``check`` said WATCHING: a collapse that begins inside a NaN episode was dropped as the NaN's echo
+    even when the values came back finite and the scale did not. Fails on fad0de9. Guard: a NaN that stays to the
+    end keeps the collapse its echo."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # an infinite loss is data: numpy's overflow warnings went to check's stderr
+        report = analyze(_overflow_run(nan_to_the_end=False), meta={"scaler": {"growth_interval": 2000}})
+    collapses = [f for f in report.findings if f.kind == "scaler_collapse"]
+    assert len(collapses) == 1 and collapses[0].needs_action and collapses[0].onset_step == 151, report.findings
+    assert report.rollback is not None and report.rollback.checkpoint_step is None  # no checkpoints recorded
+    report = analyze(_overflow_run(nan_to_the_end=True), meta={"scaler": {"growth_interval": 2000}})
+    assert [f.kind for f in report.findings if f.kind in ("nan", "scaler_collapse")] == ["nan"], report.findings
