@@ -26,7 +26,7 @@ import pyarrow as pa
 from runwatch.detectors.config import AdviceConfig, LRConfig
 from runwatch.detectors.divergence import act_growth_start, answers_the_schedule, precursor_grown
 from runwatch.detectors.finding import Finding, Rollback, SegmentInfo
-from runwatch.detectors.registry import NO_ROLLBACK_KINDS
+from runwatch.detectors.registry import DEVICE_FAULT_KINDS, NO_ROLLBACK_KINDS
 
 
 def checkpoints_from_events(events: pa.Table) -> list[dict]:
@@ -209,8 +209,14 @@ def _choose(checkpoints: list[dict], cutoff: int, main: dict[str, np.ndarray], f
     return None, missing, rejected, cutoff
 
 
-def _actions(target: Finding, ckpt: dict | None, skip: list[int], fp16: bool) -> list[str]:
+def _actions(target: Finding, ckpt: dict | None, skip: list[int] | None, fp16: bool,
+             suspects: list[Finding]) -> list[str]:
     where = f"checkpoint step {ckpt['step']} ({ckpt['path']})" if ckpt else "the earliest healthy state you have (no checkpoint qualifies)"
+    if skip is None:  # a device's fault: the replicas read the same batches, and one of them computed wrong
+        hosts = ", ".join(f"rank {f.rank}" + (f" on {f.host}" if f.host else "") for f in suspects)
+        what = "device" if len(suspects) < 2 else "devices"
+        return [f"restart from {where} without the suspect {what} ({hosts}): a silent-data-corruption suspect, "
+                f"run a hardware check on it; the batches are not the cause, so skip none"]
     actions = [f"restart from {where} and skip batches {skip[0]}-{skip[1]}"]
     ev = target.evidence
     ratio, before, at = ev.get("lr_ratio"), ev.get("lr_before"), ev.get("lr_at_onset")
@@ -292,14 +298,17 @@ def advise(findings: list[Finding], checkpoints: list[dict], main: dict[str, np.
                                                 cfg, lrc)
     if walked < cutoff:
         cutoff = evidence["act_norm_growth_from"] = walked
-    skip, positions = skip_window(chosen["step"] if chosen else None, target, main, cfg)
+    skip, positions = skip_window(chosen["step"] if chosen else None, target, main, cfg) \
+        if target.kind not in DEVICE_FAULT_KINDS else (None, {})
     evidence.update(positions)
     evidence["cutoff_step"] = cutoff
     evidence["rejected_checkpoints"] = rejected[:10]
     for key in ("lr_before", "lr_at_onset", "lr_ratio", "lr_raised"):
         evidence[key] = target.evidence.get(key)
     fp16 = bool(np.isfinite(main["loss_scale"]).any())
-    actions = _actions(target, chosen, skip, fp16)
+    suspects = sorted((f for f in findings if f.kind == target.kind and f.open and f.needs_action),
+                      key=lambda f: (f.rank is None, f.rank))
+    actions = _actions(target, chosen, skip, fp16, suspects)
     if "act_norm_growth_from" in evidence:
         before = f"before the activation-norm growth from step {evidence['act_norm_growth_from']}"
     else:

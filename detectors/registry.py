@@ -27,6 +27,9 @@ class DetectorSpec:
     """Whether a finding of this kind can call for a rollback (speed problems never do)."""
     performance: bool = False
     """A speed finding (shown with the step-time chart rather than the loss)."""
+    data_may_cause: bool = True
+    """Whether the batches at the onset may be the cause, so that a rollback skips them (a replica that
+    disagrees with the others is a device's fault: every replica read the same step)."""
     scope: str = "rank"
     """'rank': judges one rank's segment (``segment_scan``); 'fleet': compares the ranks of a segment
     step by step (``fleet``), its series 'ranks' holds one column per rank."""
@@ -41,11 +44,13 @@ REGISTRY: tuple[DetectorSpec, ...] = (
     DetectorSpec("stall", "stall:StallScanner", "time", False, performance=True),
     DetectorSpec("slowdown", "slowdown:SlowdownScanner", "step_time", False, performance=True),
     DetectorSpec("straggler", "straggler:StragglerScanner", "ranks", False, performance=True, scope="fleet"),
-    DetectorSpec("rank_disagreement", "rank_disagreement:DisagreementScanner", "ranks", True, scope="fleet"),
+    DetectorSpec("rank_disagreement", "rank_disagreement:DisagreementScanner", "ranks", True, data_may_cause=False,
+                 scope="fleet"),
 )
 
 KINDS: tuple[str, ...] = tuple(d.kind for d in REGISTRY)
 NO_ROLLBACK_KINDS: frozenset[str] = frozenset(d.kind for d in REGISTRY if not d.can_need_rollback)
+DEVICE_FAULT_KINDS: frozenset[str] = frozenset(d.kind for d in REGISTRY if not d.data_may_cause)
 PERFORMANCE_KINDS: frozenset[str] = frozenset(d.kind for d in REGISTRY if d.performance)
 FLEET_KINDS: tuple[str, ...] = tuple(d.kind for d in REGISTRY if d.scope == "fleet")
 SERIES_OF: dict[str, str] = {d.kind: d.series for d in REGISTRY}

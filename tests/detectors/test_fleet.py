@@ -131,6 +131,18 @@ def test_two_replicas_that_disagree_are_both_named() -> None:
     assert report.health == "action needed" and "no majority" in found[0].message
 
 
+def test_a_disagreeing_replica_is_rolled_back_without_its_device_and_skips_no_batches() -> None:
+    """A review's advice for a replica off by 0.1% was "restart ... and skip batches 0-199": every replica read
+    the same batches, one device computed them wrong. The advice names the suspect device and skips nothing."""
+    rows = fleet_rows(3, grad_shift={2: (300, 1.0 + 1e-3)})
+    events = events_table([{"event": "checkpoint", "step": s, "payload": {"path": f"ck/{s}.pt"}}
+                           for s in (100, 200, 290)])
+    rb = analyze_fleet(rows, events, meta=meta_for(3, replicated=True)).rollback
+    assert rb is not None and rb.checkpoint_step == 290 and rb.skip_batches is None, rb
+    assert "without the suspect device (rank 2 on node-a2)" in rb.actions[0] and "skip none" in rb.actions[0]
+    assert rb.evidence["resume_hint"] == "--resume ck/290.pt"
+
+
 def test_rounding_differences_are_not_disagreement() -> None:
     rows = fleet_rows(2, grad_shift={1: (0, 1.0 + 3e-6)})
     assert not kinds(analyze_fleet(rows, meta=meta_for(2, replicated=True)), "rank_disagreement")
