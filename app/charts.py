@@ -355,6 +355,10 @@ def empty_chart(message: str) -> Chart:
                   "xAxis": {"show": False}, "yAxis": {"show": False}, "series": []}, 160)
 
 
+COMPARE_LABEL_LINE = 14
+"""Pixels between two runs' band labels on the compare chart (one line of the 12 px label font)."""
+
+
 def compare_chart(tables_by_run: Mapping[str, Mapping[str, pa.Table]], columns: Sequence[str], *,
                   colors: Mapping[str, str], x: str = "tokens",
                   bands_by_run: Mapping[str, Sequence[Mapping]] | None = None) -> Chart:
@@ -372,7 +376,7 @@ def compare_chart(tables_by_run: Mapping[str, Mapping[str, pa.Table]], columns: 
                 continue
             xs, ys = series.main_line(ds)
             out_series.append(_line(escape.echarts(run), i, _points(xs, ys, x), colors[run], width=1.5))
-    for run, bands in (bands_by_run or {}).items():
+    for k, (run, bands) in enumerate((bands_by_run or {}).items()):
         labelled = [{**b, "label": f"{run}: {b.get('label', '')}"} for b in bands]
         for i, column in enumerate(present):
             carrier = _bands_for(i, Panel(column, column), labelled, {}, x)
@@ -380,6 +384,8 @@ def compare_chart(tables_by_run: Mapping[str, Mapping[str, pa.Table]], columns: 
                 area[0]["itemStyle"]["color"] = colors[run]
                 area[0]["label"]["color"] = colors[run]
                 area[0]["label"]["show"] = i == 0
+                # Each run's labels on a line of their own: two runs' findings at the same steps overlapped.
+                area[0]["label"]["offset"] = [0, COMPARE_LABEL_LINE * k]
             for edge in carrier["markLine"]["data"]:
                 edge["lineStyle"]["color"] = colors[run]
             out_series.append(_carrier(i, carrier))

@@ -213,6 +213,12 @@ def test_compare_keeps_each_runs_colour_whatever_the_selection(spike_store: Stor
     assert color_of["a"] != color_of["b"]
     [band] = [a[0] for s in alone["series"] for a in s.get("markArea", {}).get("data", [])]
     assert band["itemStyle"]["color"] == colors["b"] and band["name"] == "b: spike"
+    # Two runs' findings at the same steps: each run's label on a line of its own (they were drawn over each other).
+    same = {"x0": 1, "x1": 2, "label": "spike", "open": True}
+    two = charts.compare_chart({"a": tables, "b": tables}, ["loss"], colors=colors,
+                               bands_by_run={"a": [same], "b": [same]}).option
+    offsets = {a[0]["name"]: a[0]["label"]["offset"] for s in two["series"] for a in s.get("markArea", {}).get("data", [])}
+    assert offsets["a: spike"] != offsets["b: spike"], offsets
 
 
 def test_untrusted_names_reach_the_option_as_one_line_of_text() -> None:
