@@ -39,7 +39,8 @@ from runwatch.detectors.registry import SERIES_OF
 
 STATE_VERSION = 1
 MAX_EVIDENCE_CHARS = 600
-"""Evidence in a message is cut to this many characters of JSON (the rest is a click away)."""
+"""Evidence in a message holds whole fields within this many characters (the rest is in ``runwatch check --json``
+and a click away)."""
 
 
 def needs_attention(f: Finding) -> bool:
@@ -248,5 +249,25 @@ def resolve_text(a: dict, report: Report, dashboard_url: str | None, aid: str) -
 
 
 def _evidence(evidence: dict) -> str:
-    text = json.dumps(evidence, default=str, sort_keys=True)
-    return text if len(text) <= MAX_EVIDENCE_CHARS else text[:MAX_EVIDENCE_CHARS] + " ..."
+    """``key=value`` for each field that says something (not null, false or empty), numbers to 4 significant
+    digits, cut at a field's end: a 3 a.m. reader got JSON cut in the middle of a value."""
+    fields = []
+    for key in sorted(evidence):
+        value = evidence[key]
+        if value is None or value is False or value in ("", [], {}):
+            continue
+        if isinstance(value, float):
+            text = f"{value:.4g}"
+        elif isinstance(value, (str, int)):
+            text = str(value)
+        else:
+            text = json.dumps(value, default=str, sort_keys=True)
+        fields.append(f"{key}={text}")
+    out, used = [], 0
+    for field in fields:  # a field too long for what is left (a list of rejected checkpoints) is left out whole
+        if used + len(field) <= MAX_EVIDENCE_CHARS:
+            out.append(field)
+            used += len(field) + 2
+    if len(out) < len(fields):
+        out.append(f"(+{len(fields) - len(out)} more: runwatch check --json)")
+    return ", ".join(out)

@@ -253,3 +253,18 @@ def test_text_from_a_run_reaches_every_target_inert() -> None:
         assert text.startswith("line one\nresume: ")  # lines kept
     finally:
         hook.stop()
+
+
+def test_an_alerts_evidence_is_whole_fields_that_say_something() -> None:
+    """A review's 3 a.m. page carried the evidence as JSON cut in the middle of a value (``..."lr_ratio": 4 ...``),
+    nulls and falses included. It is now ``key=value`` for the fields that say something, numbers to 4 significant
+    digits, a field too long for the message (a list of rejected checkpoints) left out whole and counted."""
+    from runwatch.app.alerts import MAX_EVIDENCE_CHARS, _evidence
+
+    evidence = {"rule": "shewhart", "baseline_loss": 2.345678, "lr_ratio": 49.99999, "lr_raised": True,
+                "recovery_steps": None, "blip": False, "trigger_step": 305,
+                "rejected_checkpoints": [{"step": s, "why": "deleted (not retained or not on disk)"} for s in range(40)]}
+    text = _evidence(evidence)
+    assert text == ("baseline_loss=2.346, lr_raised=True, lr_ratio=50, rule=shewhart, trigger_step=305, "
+                    "(+1 more: runwatch check --json)"), text
+    assert len(text) <= MAX_EVIDENCE_CHARS + 40
