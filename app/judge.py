@@ -8,6 +8,7 @@ cannot).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -71,5 +72,16 @@ def judge_run(store: Store, run: str, *, now: float | None = None, config: Detec
     live = is_live(meta, events)
     live_now = (time.time() if now is None else now) if live else None
     heartbeats = read_heartbeats(store.root, run) if live else None
-    return analyze_fleet(rows, events, now=live_now, present_paths=present, meta=meta, config=config,
-                         heartbeats=heartbeats)
+    report = analyze_fleet(rows, events, now=live_now, present_paths=present, meta=meta, config=config,
+                           heartbeats=heartbeats)
+    return dataclasses.replace(report, health=ended_health(report.health, live))
+
+
+def ended_health(health: str, live: bool) -> str:
+    """The health of a run as judged now: an ended run (an archived import, a finished run) is never "watching".
+
+    "watching" means an episode may still come back; once the run has ended it cannot, so the finding that
+    was open at the end reads "unresolved" (exit 0 like "watching": nothing to act on, and nothing will
+    change). One rule for ``check``, ``check --all`` (both engines), ``watch`` and the dashboard.
+    """
+    return "unresolved" if health == "watching" and not live else health

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 
 import pyarrow as pa
 
-from runwatch.app.judge import is_live
+from runwatch.app.judge import ended_health, is_live
 
 STATES: tuple[str, ...] = ("live", "stalled", "finished", "archived")
 STATE_COLORS = {"live": "blue", "stalled": "violet", "finished": "green", "archived": "gray"}
@@ -41,12 +41,9 @@ def run_state(base: str, health: str | None) -> str:
 
 
 def display_health(health: str, state: str) -> str:
-    """The health a reader sees: an ended run (archived, finished) is never "watching" forever.
-
-    "watching" means an episode may still recover; once the run has ended it
-    cannot, so the finding that was open at the end reads "unresolved".
-    """
-    return "unresolved" if health == "watching" and state in ("archived", "finished") else health
+    """The health a reader sees (``judge.ended_health``): a verdict stored before the run ended, or by a version
+    that said "watching" for an ended run, reads as ``judge_run`` says it now."""
+    return ended_health(health, live=state not in ("archived", "finished"))
 
 
 def last_update(last_time: float | None, file_mtime: float | None, state: str) -> float | None:

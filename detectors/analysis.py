@@ -41,7 +41,8 @@ class Report:
     segments: list[SegmentInfo]
     rollback: Rollback | None
     health: str
-    """'healthy', 'watching', 'action needed' or 'stalled'."""
+    """'healthy', 'watching', 'action needed' or 'stalled'; ``app.judge.judge_run`` says 'unresolved' for an
+    ended run that would be 'watching'."""
 
     def to_dict(self, run: str) -> dict:
         """The JSON object of ``runwatch check --json``: strict JSON, no NaN."""

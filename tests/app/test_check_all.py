@@ -149,3 +149,20 @@ def test_the_line_per_run_groups_findings_as_check_does(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     out = run_cli("check", "--all", "--root", str(tmp_path / "empty"))
     assert out.returncode == 0 and out.stdout == f"no runs under {tmp_path / 'empty'}\n", out.stdout
+
+
+def test_a_run_that_ended_mid_episode_is_unresolved_in_every_engine_and_in_check(tmp_path: Path) -> None:
+    """The dashboard said "unresolved" for an ended run with an episode still open, ``check``, ``check --all`` and
+    the JSON "watching": one run, two words. ``judge_run`` says it for all of them; the exit status stays 0."""
+    log = tmp_path / "cut.jsonl"
+    lines = [x for x in _lines(600, "healthy") if x["step"] < 540]  # it ends 5 steps into a spike still out
+    lines += [{"step": s, "time": 1.7e9 + s, "loss": 9.0, "grad_norm": 40.0, "lr": 1e-3} for s in range(540, 545)]
+    log.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    root = tmp_path / "root"
+    import_logs("jsonl", [log], root, "cut")
+    one = run_cli("check", "--root", str(root), "--run", "cut", "--json")
+    assert one.returncode == 0 and json.loads(one.stdout)["health"] == "unresolved", one.stdout[:300]
+    text = run_cli("check", "--root", str(root), "--run", "cut")
+    assert text.stdout.startswith("cut: UNRESOLVED\n"), text.stdout
+    code, results = _check(root, "--engine", "local", now=None)
+    assert code == 0 and [r["health"] for r in results] == ["unresolved"]
