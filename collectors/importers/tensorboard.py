@@ -6,9 +6,19 @@ grad_norm; ``lr``, ``learning-rate`` -> lr; ``loss_scale``, ``loss-scale`` ->
 loss_scale; ``iteration-time`` -> step_time; validation tags such as
 ``val/loss`` or ``lm loss validation`` -> ``val_loss``); every other scalar tag
 becomes an extra with a sanitised name. ``time`` is the event's wall time.
-TensorBoard itself purges steps that go backwards after a restart; here a
-step going backwards, a step logged again, a ``SessionLog.START`` or a new
-event file starts a new segment, so the abandoned branch stays visible.
+A run is what TensorBoard calls one: the event files of one directory, read
+in order. TensorBoard purges steps that go backwards after a restart; here a
+step going backwards (within a file or from one file to the next) or a
+``SessionLog.START`` starts a new segment, so the abandoned branch stays
+visible. A tag logged again at the step it was logged at is the same row, the
+later value kept, as TensorBoard reads it (Lightning logs ``epoch`` again at
+each validation, an LR monitor once per micro-batch: no restart). A directory
+holding several runs (Keras' ``train/`` and ``validation/``, a logdir of
+experiments) is refused with their names: import each as a run of its own.
+The subdirectory ``SummaryWriter.add_hparams`` writes (only the hparams
+plugin's summaries and their metrics) is the run's hyperparameter record, not
+a run. A torn last record (a write cut short) and a corrupt record are named:
+what follows a corrupt record cannot be read, since the file's framing is lost.
 """
 
 from __future__ import annotations
@@ -19,7 +29,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from runwatch.collectors.importers.base import LogFormatError, ParsedLog
-from runwatch.collectors.importers.textlog import merge_same_step, sanitize_name
+from runwatch.collectors.importers.textlog import merge_same_step, note, sanitize_name
 from runwatch.data.record import metrics_table
 
 TAGS = {
@@ -28,6 +38,7 @@ TAGS = {
     "grad_norm": "grad_norm", "grad-norm": "grad_norm", "grad norm": "grad_norm", "gnorm": "grad_norm",
     "train/grad_norm": "grad_norm", "train/gnorm": "grad_norm",
     "lr": "lr", "learning_rate": "lr", "learning-rate": "lr", "train/lr": "lr", "train/learning_rate": "lr",
+    "lr-adamw": "lr", "lr-adam": "lr", "lr-sgd": "lr", "lr-adafactor": "lr", "lr-lamb": "lr",  # Lightning's monitor
     "loss_scale": "loss_scale", "loss-scale": "loss_scale", "train/loss_scale": "loss_scale",
     "act_norm": "act_norm", "actv_norm": "act_norm", "train/act_norm": "act_norm",
     "iteration-time": "step_time", "iteration_time": "step_time", "step_time": "step_time",
@@ -52,8 +63,9 @@ def column_for(tag: str) -> str:
     return sanitize_name(key)
 
 
-def _count_records(data: bytes) -> int:
-    """TFRecord framing: u64 length, u32 crc, payload, u32 crc. A torn last record is a live writer's tail."""
+def _count_records(data: bytes) -> tuple[int, bool]:
+    """TFRecord framing: u64 length, u32 crc, payload, u32 crc. (Whole records, whether a torn one follows them:
+    a write cut short, or a live writer's tail.)"""
     pos = num = 0
     while pos + 12 <= len(data):
         (length,) = struct.unpack_from("<Q", data, pos)
@@ -61,7 +73,7 @@ def _count_records(data: bytes) -> int:
             break
         pos += 12 + length + 4
         num += 1
-    return num
+    return num, pos < len(data)
 
 
 def _events(path: Path) -> Iterator[object]:
@@ -70,13 +82,18 @@ def _events(path: Path) -> Iterator[object]:
     except ImportError as err:
         raise ImportError("reading TensorBoard event files needs tensorboard: pip install 'runwatch[tensorboard]'") from err
     data = path.read_bytes()
-    expected = _count_records(data)
+    if data and not sniff(data[:256].decode("latin-1")):
+        raise LogFormatError(path, 1, "not a TensorBoard event file (no brain.Event file-version record first)")
+    expected, torn = _count_records(data)
     num = 0
     for event in EventFileLoader(str(path)).Load():
         num += 1
         yield event
-    if num < expected or (data and num == 0):
-        raise LogFormatError(path, num + 1, f"expected a valid TensorBoard event record (record {num + 1} is corrupt)")
+    if num < expected:
+        raise LogFormatError(path, num + 1, f"record {num + 1} of {expected} is corrupt; the {expected - num - 1} "
+                                            "after it cannot be read either (the file's framing is lost there)")
+    if torn:
+        note(path, num + 1, "the last record is cut short (a write cut short?); not read")
 
 
 def _scalar(value: object) -> float | None:
@@ -110,26 +127,52 @@ def parse_file(path: Path, skip_bad_lines: bool) -> ParsedLog:
                 if x is None:
                     continue
                 name = column_for(value.tag)
-                if current is None or current["step"] != event.step or name in current:
+                if current is None or event.step != current["step"]:
                     if current is not None:
                         rows.append(current)
                     current = {"step": int(event.step), "time": float(event.wall_time)}
-                current[name] = x
-    except LogFormatError:
+                current[name] = x  # logged again at its step: the same row, the later value (TensorBoard's reading)
+    except LogFormatError as err:
         if not skip_bad_lines:
             raise
         num_skipped += 1
+        note(path, err.line, f"{err.expected}; read up to it")
     if current is not None:
         rows.append(current)
     if not rows:
-        raise LogFormatError(path, None, f"no scalar summaries found in TensorBoard event file {path}")
+        raise LogFormatError(path, None, "no scalar summaries found in this TensorBoard event file")
     return merge_same_step(ParsedLog(metrics_table(rows), breaks=breaks, num_skipped=num_skipped))
 
 
+def _hparams_only(files: Sequence[Path]) -> bool:
+    """Event files that hold only the hparams plugin's record and its metrics (``SummaryWriter.add_hparams``)."""
+    tags, plugin = set(), False
+    for path in files:
+        for event in _events(path):
+            for value in event.summary.value if event.WhichOneof("what") == "summary" else ():
+                plugin |= value.metadata.plugin_data.plugin_name == "hparams"
+                if value.metadata.plugin_data.plugin_name != "hparams":
+                    tags.add(value.tag)
+    return plugin and len(tags) <= 1
+
+
 def _expand(paths: Sequence[str | Path]) -> list[Path]:
+    """The event files of one run: a file as given, or a directory's (those of its subdirectories too when it has
+    none of its own and one subdirectory holds them all). Several runs in a directory are refused by name."""
     out: list[Path] = []
     for p in map(Path, paths):
-        out += sorted(p.glob("**/events.out.tfevents.*")) if p.is_dir() else [p]
+        if not p.is_dir():
+            out.append(p)
+            continue
+        runs: dict[Path, list[Path]] = {}
+        for f in sorted(p.glob("**/events.out.tfevents.*")):
+            runs.setdefault(f.parent, []).append(f)
+        runs = {d: fs for d, fs in runs.items() if not (d != p and _hparams_only(fs))}
+        if len(runs) > 1:
+            names = ", ".join(str(d.relative_to(p)) or "." for d in runs)
+            raise ValueError(f"{p} holds {len(runs)} TensorBoard runs ({names}): import each directory as a run "
+                             "of its own")
+        out += next(iter(runs.values()), [])
     return out
 
 
@@ -139,4 +182,6 @@ def parse(paths: Sequence[str | Path], *, skip_bad_lines: bool = False) -> Parse
     files = _expand(paths)
     if not files:
         raise ValueError(f"no TensorBoard event files found in {', '.join(map(str, paths))}")
-    return parse_each(files, parse_file, skip_bad_lines)
+    # No break between files: a later file that starts where the last one ended continues the run; one that goes
+    # back is a restart by the step rule (TensorBoard's own).
+    return parse_each(files, parse_file, skip_bad_lines, break_between=False)

@@ -72,12 +72,17 @@ def complete_lines(data: bytes, path: str | Path) -> bytes:
 
 def note_cut_line(path: str | Path, line: int) -> None:
     """Say that line ``line`` of ``path``, its last, has no newline and was not read (see ``complete_lines``)."""
-    note = f"{path}:{line}: the last line has no newline (a write cut short?); not read"
+    note(path, line, "the last line has no newline (a write cut short?); not read")
+
+
+def note(path: str | Path, line: int | None, what: str) -> None:
+    """Say what an import read around at ``path:line`` (a line, or a record of a binary file)."""
+    text = f"{path}:{line}: {what}" if line is not None else f"{path}: {what}"
     notes = IMPORT_NOTES.get()
     if notes is None:
-        warnings.warn(f"runwatch: {note}", RuntimeWarning, stacklevel=3)
-    elif note not in notes:  # `auto` reads a file with every format that recognises it
-        notes.append(note)
+        warnings.warn(f"runwatch: {text}", RuntimeWarning, stacklevel=3)
+    elif text not in notes:  # `auto` reads a file with every format that recognises it
+        notes.append(text)
 
 
 def read_lines(path: str | Path) -> pa.Array:
@@ -247,6 +252,30 @@ def bad_line(path: str | Path, line: int, expected: str, skip: bool) -> int:
     if not skip:
         raise LogFormatError(path, line, expected)
     return 1
+
+
+def fold_repeated_steps(table: pa.Table) -> pa.Table:
+    """One row per run of consecutive rows with the same step, each column's last non-null value in it: a history
+    that logs a step in several calls (training values, then validation) logged one step, not a rerun of it. A
+    step going back still starts a new segment (the placer's rule)."""
+    if table.num_rows < 2:
+        return table
+    steps = table["step"].to_numpy(zero_copy_only=False)
+    last = np.flatnonzero(np.r_[steps[1:] != steps[:-1], True])  # each run's last row
+    if len(last) == table.num_rows:
+        return table
+    first = np.r_[0, last[:-1] + 1]
+    group = np.repeat(np.arange(len(last)), last - first + 1)
+    out = {}
+    for name in table.column_names:
+        col = table[name].combine_chunks()
+        valid = pc.is_valid(col).to_numpy(zero_copy_only=False)
+        idx = np.where(valid, np.arange(table.num_rows), -1)
+        pick = np.full(len(last), -1)
+        np.maximum.at(pick, group, idx)  # the last valid row of each run, or -1
+        taken = col.take(pa.array(np.maximum(pick, 0)))
+        out[name] = pc.if_else(pa.array(pick >= 0), taken, pa.nulls(len(last), col.type))
+    return pa.table(out)
 
 
 def merge_same_step(parsed: ParsedLog) -> ParsedLog:

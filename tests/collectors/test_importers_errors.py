@@ -141,6 +141,117 @@ def test_tensorboard_corrupt_file(tmp_path: Path) -> None:
         tensorboard.parse([path])
 
 
+def _writer(logdir: Path):
+    import torch
+    from torch.utils.tensorboard import SummaryWriter
+
+    torch.set_num_threads(1)
+    return SummaryWriter(str(logdir))
+
+
+def test_a_tag_logged_again_at_its_step_is_the_same_row_and_lightnings_lr_is_the_lr(tmp_path: Path) -> None:
+    """A review's Lightning run (``TensorBoardLogger`` + ``LearningRateMonitor``, LR x50 at 400-405) imported as
+    607 segments, or one per validation: Lightning logs ``epoch`` again at each validation and ``lr-AdamW`` once per
+    micro-batch, each repeat read as a restart, and the unrecovered spike filed under an abandoned branch: HEALTHY.
+    ``lr-AdamW`` was an extra, so no LR cause was named. TensorBoard reads a repeat at one step as that step.
+    Fails on 3ae9ad4. Guard: a step that goes back is still a restart (``test_tensorboard_restart_kept_as_segment``)."""
+    from tests.detectors.synth import loss_curve
+
+    logdir = tmp_path / "lightning_logs" / "version_0"
+    writer = _writer(logdir)
+    loss = loss_curve(300)
+    loss[201:] += 3.0
+    for step in range(300):
+        lr = 1e-3 * (50 if 200 <= step < 205 else 1)
+        for _ in range(2):  # accumulate_grad_batches=2: the monitor logs the LR per micro-batch
+            writer.add_scalar("lr-AdamW", lr, step)
+        writer.add_scalar("train/loss", float(loss[step]), step)
+        writer.add_scalar("epoch", step // 100, step)
+        if step % 50 == 49:
+            writer.add_scalar("val/loss", 2.1, step)
+            writer.add_scalar("epoch", step // 100, step)  # logged again at the validation
+    writer.close()
+    result = import_logs("auto", [tmp_path / "lightning_logs"], tmp_path / "store", "pl")
+    assert result.num_segments == 1 and result.num_rows == 300, result
+    with Store(tmp_path / "store") as store:
+        rows = store.rows("pl").to_pylist()
+    assert rows[204]["lr"] == pytest.approx(5e-2) and rows[49]["val_loss"] == pytest.approx(2.1)
+    out = _cli("check", "--root", str(tmp_path / "store"), "--run", "pl")
+    assert out.returncode == 1 and "LR rose x50" in out.stdout, out.stdout
+
+
+def test_a_directory_of_several_tensorboard_runs_is_refused_and_an_hparams_record_is_no_run(tmp_path: Path) -> None:
+    """Keras' ``train/`` and ``validation/`` (both log ``loss``) imported as one run whose main line turned into the
+    validation points at step 19, and a logdir of three experiments as one run of six segments. TensorBoard's
+    run is a directory: several are refused by name, nothing written. ``SummaryWriter.add_hparams`` writes a
+    subdirectory of its own (sorted first, it was segment 0 and put the run's step 0 on an abandoned branch):
+    that is the run's hyperparameter record, not a run. Fails on 3ae9ad4."""
+    for sub in ("train", "validation"):
+        writer = _writer(tmp_path / "keras" / sub)
+        for step in range(20 if sub == "train" else 4):
+            writer.add_scalar("loss", 2.0 - 0.01 * step, step * (1 if sub == "train" else 5))
+        writer.close()
+    out = _cli("import", "auto", str(tmp_path / "keras"), "--root", str(tmp_path / "store"), "--run", "k")
+    assert out.returncode == 2 and "holds 2 TensorBoard runs (train, validation)" in out.stderr, out.stderr
+    assert out.stderr.count("\n") == 1 and not (tmp_path / "store" / "run=k").exists()
+    writer = _writer(tmp_path / "hp")
+    for step in range(50):
+        writer.add_scalar("train/loss", 2.0 - 0.01 * step, step)
+    writer.add_hparams({"lr": 1e-3}, {"hp_metric": 1.5})
+    writer.close()
+    assert len(list((tmp_path / "hp").glob("*/events.out.tfevents.*"))) == 1  # add_hparams' own subdirectory
+    result = import_logs("tensorboard", [tmp_path / "hp"], tmp_path / "store", "hp")
+    assert result.num_segments == 1 and result.num_rows == 50
+
+
+def test_a_corrupt_or_torn_tensorboard_record_is_named(tmp_path: Path) -> None:
+    """With ``--skip-bad-lines`` a record corrupt in the middle said "skipped 1 bad line" while everything after it
+    (the framing is lost) was gone; a torn last record was dropped without a word. Both are now named: which
+    record, and how many could not be read. Fails on 3ae9ad4."""
+    writer = _writer(tmp_path / "tb")
+    for step in range(200):
+        writer.add_scalar("train/loss", 2.0, step)
+    writer.close()
+    (event_file,) = list((tmp_path / "tb").glob("events.out.tfevents.*"))
+    data = event_file.read_bytes()
+    (tmp_path / "torn").mkdir()
+    (tmp_path / "torn" / event_file.name).write_bytes(data[:-7])
+    out = _cli("import", "tensorboard", str(tmp_path / "torn"), "--root", str(tmp_path / "s"), "--run", "torn")
+    assert out.returncode == 0 and "the last record is cut short (a write cut short?); not read" in out.stderr
+    assert "imported 199 rows" in out.stdout, out.stdout
+    bad = bytearray(data)
+    bad[len(data) // 2] ^= 0xFF  # one flipped byte in the middle: its record's checksum fails
+    (tmp_path / "mid").mkdir()
+    (tmp_path / "mid" / event_file.name).write_bytes(bytes(bad))
+    out = _cli("import", "tensorboard", str(tmp_path / "mid"), "--root", str(tmp_path / "s"), "--run", "mid")
+    assert out.returncode == 2 and "is corrupt; the" in out.stderr and "cannot be read either" in out.stderr
+    out = _cli("import", "tensorboard", str(tmp_path / "mid"), "--root", str(tmp_path / "s"), "--run", "mid",
+               "--skip-bad-lines")
+    assert out.returncode == 0 and "cannot be read either" in out.stderr and "read up to it" in out.stderr, out
+
+
+def test_a_wandb_export_takes_the_trainers_step(tmp_path: Path) -> None:
+    """W&B's ``_step`` counts history rows: an HF run logging every 10 updates read as steps 0-32 (its fault at update
+    160 "from step 16"), and each Lightning validation call shifted ``_step`` ahead of the trainer's step. The
+    trainer's own step column is the step; W&B's counter stays as ``wandb_step``; the calls of one step are one
+    row. Fails on 3ae9ad4."""
+    lines = ["_step,_runtime,_timestamp,train/loss,train/learning_rate,train/global_step,eval/loss,media"]
+    k = 0
+    for update in range(10, 310, 10):
+        lines.append(f"{k},{k},{1.7e9 + k},{2.0 + (5.0 if update >= 160 else 0)},1e-3,{update},,img.png")
+        k += 1
+        if update % 100 == 0:
+            lines.append(f"{k},{k},{1.7e9 + k},,,{update},2.2,")  # the evaluation's own history row
+            k += 1
+    path = _write(tmp_path, "hf.csv", "\n".join(lines) + "\n")
+    t = wandb.parse([path]).metrics
+    assert t["step"].to_pylist() == list(range(10, 310, 10)), t["step"].to_pylist()
+    assert t["val_loss"].to_pylist()[9] == 2.2 and t["loss"].to_pylist()[9] == 2.0
+    assert t["wandb_step"].to_pylist()[:3] == [0, 1, 2]
+    result = import_logs("wandb", [path], tmp_path / "store", "w")
+    assert result.num_segments == 1
+
+
 def test_wandb_csv_and_parquet(tmp_path: Path) -> None:
     text = ("_step,_runtime,_timestamp,train/loss,train/grad_norm,lr,caption,val/loss\n"
             "0,1.0,1700000000,2.5,1.0,0.1,hello,\n1,2.0,1700000001,2.4,NaN,0.1,x,\n"
