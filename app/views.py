@@ -233,7 +233,9 @@ def rollback_lines(rollback: object) -> list[str]:
     else:
         lines.append(f"**Roll back to checkpoint @ step {int(rollback.checkpoint_step):,}**  \n"
                      f"{escape.markdown(rollback.checkpoint_path)}")
-    if getattr(rollback, "checkpoint_missing", False):
+    # Retention's warning only where a checkpoint was recorded and is gone: a run with none (an import) has no
+    # "that checkpoint" (``checkpoint_missing`` is also true when none qualifies at all).
+    if getattr(rollback, "evidence", {}).get("missing_checkpoint"):
         lines.append("⚠️ That checkpoint is no longer retained (deleted by retention): restore it or go further back.")
     skip = getattr(rollback, "skip_batches", None)
     if skip:

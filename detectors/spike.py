@@ -905,8 +905,9 @@ def _lasting_cost(sc: SpikeScanner, ep: Episode, loss: np.ndarray, n: int) -> di
 
 def _message(ev: dict, onset_step: int, recovered: bool | None, loss_moved: bool, costly: bool) -> str:
     blip = "one-step loss spike" if ev["observations_out_of_band"] <= 1 else "loss spike, one observation far out"
-    what = ("loss spike" if not ev["blip"] else f"{blip} (a bad batch?)") if loss_moved \
-        else "gradient-norm blip"
+    # A blip is a bad batch's look, unless the LR rose into it: then the LR is the cause the message names.
+    guess = "" if ev.get("lr_raised") else " (a bad batch?)"
+    what = ("loss spike" if not ev["blip"] else f"{blip}{guess}") if loss_moved else "gradient-norm blip"
     if ev.get("noise_grew"):
         return (f"the loss noise grew from step {int(onset_step)}: values far below its level {ev['baseline_loss']:.4g}"
                 f" as well as above it (up to {fmt_value(ev['peak_loss'])}); a wider spread, not a spike")

@@ -67,7 +67,8 @@ def test_health_label_and_cell_colours() -> None:
 def test_rollback_card_and_resume_command() -> None:
     rb = Rollback(checkpoint_step=250, checkpoint_path="/ckpt/step 250.pt", skip_batches=[251, 300],
                   actions=["lower the learning rate x0.5"], reason="loss diverging from step 291",
-                  evidence={"onset_step": 291}, checkpoint_missing=True)
+                  evidence={"onset_step": 291, "missing_checkpoint": {"step": 280, "path": "/ckpt/step 280.pt"}},
+                  checkpoint_missing=True)
     text = shown("\n".join(views.rollback_lines(rb)))
     assert "step 250" in text and "/ckpt/step 250.pt" in text and "251 – 300" in text
     assert "lower the learning rate" in text and "no longer retained" in text and "diverging" in text
@@ -79,13 +80,15 @@ def test_rollback_card_and_resume_command() -> None:
     call = views.monitor_call("gpt", rb)
     assert call.startswith("mon = Monitor(root, run='gpt', ") and "resume_step=250" in call
     assert "skip_batches=(251, 300)" in call and "resume_checkpoint='/ckpt/step 250.pt'" in call
-    assert views.evidence_rows(rb.evidence) == [{"evidence": "onset_step", "value": "291"}]
+    assert views.evidence_rows(rb.evidence)[0] == {"evidence": "onset_step", "value": "291"}
 
 
 def test_no_checkpoint_is_said_plainly() -> None:
     rb = Rollback(checkpoint_step=None, checkpoint_path=None, skip_batches=None, actions=[], reason="",
-                  evidence={}, checkpoint_missing=False)
+                  evidence={}, checkpoint_missing=True)  # the advisor's flag when none qualifies
     assert views.rollback_lines(rb)[0].startswith("**No healthy checkpoint")
+    # A review's TensorBoard import (no checkpoint ever recorded) read "That checkpoint is no longer retained".
+    assert "no longer retained" not in "\n".join(views.rollback_lines(rb))
     assert "--resume" not in views.resume_command("gpt", rb)
 
 

@@ -2735,3 +2735,16 @@ def test_93_a_collapse_that_outlived_its_nan_needs_action() -> None:
     assert report.rollback is not None and report.rollback.checkpoint_step is None  # no checkpoints recorded
     report = analyze(_overflow_run(nan_to_the_end=True), meta={"scaler": {"growth_interval": 2000}})
     assert [f.kind for f in report.findings if f.kind in ("nan", "scaler_collapse")] == ["nan"], report.findings
+
+
+def test_a_blip_the_lr_threw_is_not_called_a_bad_batch() -> None:
+    """A review's HF import read "one-step loss spike (a bad batch?) ... after the LR rose x47": two causes at once.
+    With the LR raised into it the LR is the cause named; the batch guess stays for a blip with no LR cause."""
+    from runwatch.detectors.spike import _message
+
+    ev = {"observations_out_of_band": 1, "blip": True, "rule": "shewhart", "baseline_loss": 2.0, "peak_loss": 9.0,
+          "baseline_grad_norm": None, "peak_grad_norm": None, "grad_norm_moved_first": False, "lr_raised": True,
+          "lr_ratio": 47.0, "lr_scheduled": False, "lr_restart_step": None, "recovery_steps": 1}
+    thrown = _message(ev, 160, True, True, False)
+    assert thrown.startswith("one-step loss spike from step 160") and "bad batch" not in thrown, thrown
+    assert "(a bad batch?)" in _message({**ev, "lr_raised": False}, 160, True, True, False)
