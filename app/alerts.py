@@ -264,10 +264,10 @@ def _evidence(evidence: dict) -> str:
             text = json.dumps(value, default=str, sort_keys=True)
         fields.append(f"{key}={text}")
     out, used = [], 0
-    for field in fields:  # a field too long for what is left (a list of rejected checkpoints) is left out whole
-        if used + len(field) <= MAX_EVIDENCE_CHARS:
-            out.append(field)
-            used += len(field) + 2
+    for item in fields:  # a field too long for what is left (a list of rejected checkpoints) is left out whole
+        if used + len(item) <= MAX_EVIDENCE_CHARS:
+            out.append(item)
+            used += len(item) + 2
     if len(out) < len(fields):
         out.append(f"(+{len(fields) - len(out)} more: runwatch check --json)")
     return ", ".join(out)

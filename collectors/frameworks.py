@@ -1,4 +1,5 @@
-"""What the framework callbacks (Lightning, Hugging Face) share: checkpoint bookkeeping, hooks that never raise.
+"""What the framework callbacks (Lightning, Hugging Face) share: their Monitor's arguments, checkpoint bookkeeping,
+hooks that never raise.
 
 Frameworks save checkpoints and delete old ones under their retention rules
 (``save_top_k``, ``save_total_limit``). The rollback advisor must never point
@@ -13,14 +14,19 @@ monitor's one warning and count.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from runwatch.collectors.monitor import Monitor
+from torch import nn
+
+from runwatch.collectors.monitor import Monitor, MonitorConfig
+from runwatch.collectors.rank_signals import has_replicated_grads
+from runwatch.collectors.uploader import UploaderConfig
 
 Hook = TypeVar("Hook", bound=Callable[..., Any])
 
@@ -42,6 +48,35 @@ def never_raises(hook: Hook) -> Hook:
             return None
 
     return guarded  # type: ignore[return-value]
+
+
+class MonitorArgs:
+    """What a callback's user gives for its ``Monitor``, kept until training starts (see the callbacks' docstrings).
+
+    The root stays as given: an object-store URL (``s3://...``) must reach ``Monitor`` as one, not as a local path.
+    The callback passes the gradient norm itself, so the monitor never computes a post-clip one.
+    """
+
+    def __init__(self, root: str | Path, *, run: str, activation_module: nn.Module | str | None = None,
+                 config: MonitorConfig | None = None, meta: Mapping[str, Any] | None = None,
+                 skip_batches: tuple[int, int] | None = None, spool: str | Path | None = None,
+                 upload: UploaderConfig | None = None, replicated_grads: bool | None = None) -> None:
+        self.root, self.run = root, run
+        self.activation_module = activation_module
+        self.config = dataclasses.replace(config or MonitorConfig(), compute_grad_norm=False)
+        self.meta = dict(meta or {})
+        self.skip_batches, self.replicated_grads = skip_batches, replicated_grads
+        self.storage = {"spool": spool, "upload": upload}
+
+    def make_monitor(self, model: nn.Module | None, wrapped: nn.Module | None, *, framework: str,
+                     resume_step: int | None, resume_checkpoint: str | None, **kwargs: Any) -> Monitor:
+        """The run's Monitor for a fit that starts (resumed from ``resume_checkpoint`` at ``resume_step``, or not);
+        ``wrapped`` is the model as the framework runs it (a DDP wrapper replicates gradients)."""
+        return Monitor(self.root, self.run, model=model, config=self.config, resume_step=resume_step,
+                       resume_checkpoint=resume_checkpoint,
+                       skip_batches=self.skip_batches if resume_step is not None else None,
+                       meta={"framework": framework, **self.meta},
+                       replicated_grads=has_replicated_grads(wrapped, self.replicated_grads), **self.storage, **kwargs)
 
 
 class CheckpointLedger:

@@ -30,7 +30,6 @@ its ``training_step`` and its accelerator's ``clip_grad_norm_`` return
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 import time
 import warnings
@@ -47,9 +46,8 @@ try:
 except ImportError as err:
     raise ImportError("runwatch.collectors.hf needs transformers: pip install 'runwatch[hf]'") from err
 
-from runwatch.collectors.frameworks import CheckpointLedger, never_raises
+from runwatch.collectors.frameworks import CheckpointLedger, MonitorArgs, never_raises
 from runwatch.collectors.monitor import Monitor, MonitorConfig
-from runwatch.collectors.rank_signals import has_replicated_grads
 from runwatch.collectors.uploader import UploaderConfig
 from runwatch.collectors.signals import final_layer
 
@@ -71,13 +69,8 @@ class RunwatchTrainerCallback(TrainerCallback):
                  config: MonitorConfig | None = None, meta: Mapping[str, Any] | None = None,
                  skip_batches: tuple[int, int] | None = None, spool: str | Path | None = None,
                  upload: UploaderConfig | None = None, replicated_grads: bool | None = None) -> None:
-        # The root as given: an object-store URL (s3://...) must reach Monitor as one, not as a local path.
-        self.root, self.run = root, run
-        self.skip_batches, self.replicated_grads = skip_batches, replicated_grads
-        self.storage = {"spool": spool, "upload": upload}
-        self.activation_module = activation_module
-        self.config = dataclasses.replace(config or MonitorConfig(), compute_grad_norm=False)
-        self.meta = dict(meta or {})
+        self.args = MonitorArgs(root, run=run, activation_module=activation_module, config=config, meta=meta,
+                                skip_batches=skip_batches, spool=spool, upload=upload, replicated_grads=replicated_grads)
         self.monitor: Monitor | None = None
         self._ledger = CheckpointLedger()
         self._loss: torch.Tensor | None = None
@@ -97,14 +90,10 @@ class RunwatchTrainerCallback(TrainerCallback):
         else:
             self._keep_values(trainer)
         scaler = getattr(trainer.accelerator, "scaler", None) if trainer is not None else None
-        self.monitor = Monitor(
-            self.root, self.run, model=model, scaler=scaler, activation_module=self._activation_module(model),
-            config=self.config, resume_step=state.global_step if state.global_step > 0 else None,
-            resume_checkpoint=resumed_from, skip_batches=self.skip_batches if state.global_step > 0 else None,
-            precision=_precision(args), meta={"framework": f"transformers {transformers.__version__}", **self.meta},
-            replicated_grads=has_replicated_grads(getattr(trainer, "model_wrapped", None), self.replicated_grads),
-            **self.storage,
-        )
+        self.monitor = self.args.make_monitor(
+            model, getattr(trainer, "model_wrapped", None), framework=f"transformers {transformers.__version__}",
+            resume_step=state.global_step if state.global_step > 0 else None, resume_checkpoint=resumed_from,
+            scaler=scaler, activation_module=self._activation_module(model), precision=_precision(args))
         self._loss = self._grad_norm = self._lr = None
         self._last_event = time.perf_counter()
 
@@ -153,10 +142,11 @@ class RunwatchTrainerCallback(TrainerCallback):
     # -- helpers ----------------------------------------------------------------------------
 
     def _activation_module(self, model: nn.Module | None) -> nn.Module | None:
-        if isinstance(self.activation_module, str):
-            return model.get_submodule(self.activation_module) if model is not None else None
-        if self.activation_module is not None or model is None:
-            return self.activation_module
+        given = self.args.activation_module
+        if isinstance(given, str):
+            return model.get_submodule(given) if model is not None else None
+        if given is not None or model is None:
+            return given
         return final_layer(model)
 
     def _keep_values(self, trainer: Trainer) -> None:

@@ -25,7 +25,6 @@ installed, so either Trainer accepts it. Install: ``pip install 'runwatch[lightn
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import importlib.util
 import sys
@@ -37,9 +36,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from runwatch.collectors.frameworks import CheckpointLedger, never_raises
+from runwatch.collectors.frameworks import CheckpointLedger, MonitorArgs, never_raises
 from runwatch.collectors.monitor import Monitor, MonitorConfig
-from runwatch.collectors.rank_signals import has_replicated_grads
 from runwatch.collectors.uploader import UploaderConfig
 from runwatch.collectors.signals import final_layer, fused_grad_norm
 
@@ -70,14 +68,8 @@ class RunwatchCallback(*_callback_bases()):
                  config: MonitorConfig | None = None, meta: Mapping[str, Any] | None = None,
                  skip_batches: tuple[int, int] | None = None, spool: str | Path | None = None,
                  upload: UploaderConfig | None = None, replicated_grads: bool | None = None) -> None:
-        # The root as given: an object-store URL (s3://...) must reach Monitor as one, not as a local path.
-        self.root, self.run = root, run
-        self.skip_batches, self.replicated_grads = skip_batches, replicated_grads
-        self.storage = {"spool": spool, "upload": upload}
-        self.activation_module = activation_module
-        # The callback passes the gradient norm itself: the monitor must not compute a post-clip one.
-        self.config = dataclasses.replace(config or MonitorConfig(), compute_grad_norm=False)
-        self.meta = dict(meta or {})
+        self.args = MonitorArgs(root, run=run, activation_module=activation_module, config=config, meta=meta,
+                                skip_batches=skip_batches, spool=spool, upload=upload, replicated_grads=replicated_grads)
         self.monitor: Monitor | None = None
         self._ledger = CheckpointLedger()
         self.tokens: int | torch.Tensor = 0
@@ -102,15 +94,11 @@ class RunwatchCallback(*_callback_bases()):
         """Called when training begins: a new segment, with a resume event when a checkpoint was restored."""
         self._close(finished=False)  # a previous fit that ended without on_train_end
         ckpt = trainer.ckpt_path
-        self.monitor = Monitor(
-            self.root, self.run, model=pl_module, scaler=getattr(trainer.precision_plugin, "scaler", None),
-            activation_module=self._activation_module(pl_module), config=self.config,
+        self.monitor = self.args.make_monitor(
+            pl_module, getattr(trainer.strategy, "model", None), framework=_framework(trainer),
             resume_step=trainer.global_step if ckpt is not None else None, resume_checkpoint=ckpt,
-            skip_batches=self.skip_batches if ckpt is not None else None,
-            precision=str(trainer.precision), meta={"framework": _framework(trainer), **self.meta},
-            replicated_grads=has_replicated_grads(getattr(trainer.strategy, "model", None), self.replicated_grads),
-            **self.storage,
-        )
+            scaler=getattr(trainer.precision_plugin, "scaler", None),
+            activation_module=self._activation_module(pl_module), precision=str(trainer.precision))
         self._recorded_step = trainer.global_step
         self._loss = self._grad_norm = None
         self._clip_reports = self._keep_clip_norm(trainer)
@@ -159,9 +147,10 @@ class RunwatchCallback(*_callback_bases()):
     # -- helpers ----------------------------------------------------------------------------
 
     def _activation_module(self, pl_module: nn.Module) -> nn.Module:
-        if isinstance(self.activation_module, str):
-            return pl_module.get_submodule(self.activation_module)
-        return self.activation_module if self.activation_module is not None else final_layer(pl_module)
+        given = self.args.activation_module
+        if isinstance(given, str):
+            return pl_module.get_submodule(given)
+        return given if given is not None else final_layer(pl_module)
 
     def _take_outputs(self, outputs: Any) -> None:
         """Sum this batch's loss into the step's (device adds, no sync) and count its tokens and samples."""
