@@ -29,7 +29,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from runwatch.app.judge import is_live, present_checkpoint_paths
+from runwatch.app.judge import as_of_now, is_live, present_checkpoint_paths
 from runwatch.data.changes import ListingChanges
 from runwatch.data.record import EVENTS_SCHEMA
 from runwatch.data.roots import is_url, open_root, segment_rank
@@ -349,7 +349,7 @@ class RunFollower:
             present = present_checkpoint_paths(self.root, self.checkpoints(name))
             live = self.is_live(name)
             live_now = (time.time() if now is None else now) if live else None
-            return fr.analyzer.report(live_now, present, fr.heartbeats if live else None)
+            return as_of_now(fr.analyzer.report(live_now, present, fr.heartbeats if live else None), live)
 
 
 _EVENTS = pa.schema([pa.field("segment", pa.int32()), pa.field("rank", pa.int32()), *EVENTS_SCHEMA])

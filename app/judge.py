@@ -74,6 +74,11 @@ def judge_run(store: Store, run: str, *, now: float | None = None, config: Detec
     heartbeats = read_heartbeats(store.root, run) if live else None
     report = analyze_fleet(rows, events, now=live_now, present_paths=present, meta=meta, config=config,
                            heartbeats=heartbeats)
+    return as_of_now(report, live)
+
+
+def as_of_now(report: Report, live: bool) -> Report:
+    """The analysis' report as a run's judgement says it (``ended_health``): ``judge_run``'s and the live follower's."""
     return dataclasses.replace(report, health=ended_health(report.health, live))
 
 
