@@ -74,6 +74,10 @@ def _read(path: Path, skip_bad_lines: bool) -> tuple[pa.Table, np.ndarray, int]:
 
 
 def parse_file(path: Path, skip_bad_lines: bool) -> ParsedLog:
+    with open(path, "rb") as f:
+        head = f.read(4096).decode("utf-8", errors="replace")
+    if not sniff(head):  # one line that says what the file is not (a TensorBoard file read as CSV said ":3: 2 columns")
+        raise LogFormatError(path, 1, "not a W&B history export (a CSV whose header has '_step', or a Parquet file)")
     table, lines, num_invalid = _read(path, skip_bad_lines)
     if "_step" not in table.column_names:
         raise LogFormatError(path, 1, "expected a W&B history export with a '_step' column")

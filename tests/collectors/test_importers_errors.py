@@ -250,6 +250,13 @@ def test_a_wandb_export_takes_the_trainers_step(tmp_path: Path) -> None:
     assert t["wandb_step"].to_pylist()[:3] == [0, 1, 2]
     result = import_logs("wandb", [path], tmp_path / "store", "w")
     assert result.num_segments == 1
+    # A TensorBoard file given as W&B said ":3: expected 1 columns (as in the header), got 2".
+    writer = _writer(tmp_path / "tb")
+    writer.add_scalar("loss", 1.0, 0)
+    writer.close()
+    (event_file,) = list((tmp_path / "tb").glob("events.out.tfevents.*"))
+    with pytest.raises(LogFormatError, match=":1: not a W&B history export"):
+        wandb.parse([event_file])
 
 
 def test_wandb_csv_and_parquet(tmp_path: Path) -> None:
