@@ -178,7 +178,8 @@ def merge_overlaps(findings: list[Finding], cfg: DetectorConfig = DEFAULT) -> li
     A NaN after a divergence stays its own finding: it changes the advice
     (BF16, data) and marks the point of no return; a scaler collapse that
     starts inside a NaN episode is that NaN (the scaler skips non-finite steps),
-    unless it outlived it (finite again, the scale not regrown), and a slow rise of the loss that starts inside a scaler collapse is that
+    unless it outlived it (finite again, the scale not regrown); a loss excursion wholly inside a NaN episode
+    is that episode; and a slow rise of the loss that starts inside a scaler collapse is that
     collapse (skipped updates leave the loss above its trend).
     """
     out = [_as_divergence(f, cfg) if _diverged(f, cfg) else f for f in findings]
@@ -198,6 +199,10 @@ def merge_overlaps(findings: list[Finding], cfg: DetectorConfig = DEFAULT) -> li
     nans = [f for f in out if f.kind == "nan"]
     out = [f for f in out if not (f.kind == "scaler_collapse" and any(
         _began_inside(f, n) and not _outlived(f, n) for n in nans))]
+    # A loss excursion that lies wholly inside a NaN episode is that episode read off the loss (an overflowed loss
+    # is out of every band): a review's fp16 run listed "spike 151-175: loss 0.099 -> not finite" beside it.
+    out = [f for f in out if not (f.kind in LOSS_KINDS and any(
+        _began_inside(f, n) and f.end_step <= n.end_step for n in nans))]
     # While the scaler skips updates the loss cannot follow its falling trend: a slow rise against the trend (the
     # CUSUM's, no LR cause) that begins then is the collapse's consequence, not a second incident. A jump, or a
     # move the LR made, is one skipped updates cannot explain.
