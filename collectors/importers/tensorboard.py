@@ -5,7 +5,7 @@ Scalars become rows keyed by step: common tags map to the record
 grad_norm; ``lr``, ``learning-rate`` -> lr; ``loss_scale``, ``loss-scale`` ->
 loss_scale; ``iteration-time`` -> step_time; validation tags such as
 ``val/loss`` or ``lm loss validation`` -> ``val_loss``); every other scalar tag
-becomes an extra with a sanitised name. ``time`` is the event's wall time.
+becomes an extra with a sanitised name (Lightning's ``lr-<optimizer>`` is the LR). ``time`` is the event's wall time.
 A run is what TensorBoard calls one: the event files of one directory, read
 in order. TensorBoard purges steps that go backwards after a restart; here a
 step going backwards (within a file or from one file to the next) or a
@@ -38,11 +38,13 @@ TAGS = {
     "grad_norm": "grad_norm", "grad-norm": "grad_norm", "grad norm": "grad_norm", "gnorm": "grad_norm",
     "train/grad_norm": "grad_norm", "train/gnorm": "grad_norm",
     "lr": "lr", "learning_rate": "lr", "learning-rate": "lr", "train/lr": "lr", "train/learning_rate": "lr",
-    "lr-adamw": "lr", "lr-adam": "lr", "lr-sgd": "lr", "lr-adafactor": "lr", "lr-lamb": "lr",  # Lightning's monitor
     "loss_scale": "loss_scale", "loss-scale": "loss_scale", "train/loss_scale": "loss_scale",
     "act_norm": "act_norm", "actv_norm": "act_norm", "train/act_norm": "act_norm",
     "iteration-time": "step_time", "iteration_time": "step_time", "step_time": "step_time",
 }
+_LR_MONITOR = re.compile(r"^lr-[a-z][a-z0-9_]*$")
+"""Lightning's ``LearningRateMonitor``: ``lr-<optimizer class>`` is the first parameter group's LR (``lr-AdamW``;
+``lr-AdamW/pg1`` and ``lr-AdamW-momentum`` are other values, kept as extras)."""
 _VAL = re.compile(r"^(?:val|valid|validation|eval)[/_ -](.+)$|^(.+?)[/_ -](?:val|valid|validation)$")
 _START = 1  # SessionLog.START
 
@@ -56,6 +58,8 @@ def column_for(tag: str) -> str:
     key = tag.strip().lower()
     if key in TAGS:
         return TAGS[key]
+    if _LR_MONITOR.match(key):
+        return "lr"
     m = _VAL.match(key)
     if m:
         inner = (m.group(1) or m.group(2)).strip()
@@ -145,15 +149,16 @@ def parse_file(path: Path, skip_bad_lines: bool) -> ParsedLog:
 
 
 def _hparams_only(files: Sequence[Path]) -> bool:
-    """Event files that hold only the hparams plugin's record and its metrics (``SummaryWriter.add_hparams``)."""
-    tags, plugin = set(), False
+    """Event files that hold the hparams plugin's record and no series (``SummaryWriter.add_hparams``: its metrics
+    once each); a run's own directory may hold the record too (Lightning's logger), beside its series."""
+    counts: dict[str, int] = {}
+    plugin = False
     for path in files:
         for event in _events(path):
             for value in event.summary.value if event.WhichOneof("what") == "summary" else ():
                 plugin |= value.metadata.plugin_data.plugin_name == "hparams"
-                if value.metadata.plugin_data.plugin_name != "hparams":
-                    tags.add(value.tag)
-    return plugin and len(tags) <= 1
+                counts[value.tag] = counts.get(value.tag, 0) + 1
+    return plugin and max(counts.values(), default=0) <= 1
 
 
 def _expand(paths: Sequence[str | Path]) -> list[Path]:
