@@ -214,9 +214,9 @@ def _actions(target: Finding, ckpt: dict | None, skip: list[int] | None, fp16: b
     where = f"checkpoint step {ckpt['step']} ({ckpt['path']})" if ckpt else "the earliest healthy state you have (no checkpoint qualifies)"
     if skip is None:  # a device's fault: the replicas read the same batches, and one of them computed wrong
         hosts = ", ".join(f"rank {f.rank}" + (f" on {f.host}" if f.host else "") for f in suspects)
-        what = "device" if len(suspects) < 2 else "devices"
-        return [f"restart from {where} without the suspect {what} ({hosts}): a silent-data-corruption suspect, "
-                f"run a hardware check on it; the batches are not the cause, so skip none"]
+        what, it = ("device", "it") if len(suspects) < 2 else ("devices", "them")
+        return [f"restart from {where} without the suspect {what} ({hosts}): silent data corruption is suspected, "
+                f"run a hardware check on {it}; the batches are not the cause, so skip none"]
     actions = [f"restart from {where} and skip batches {skip[0]}-{skip[1]}"]
     ev = target.evidence
     ratio, before, at = ev.get("lr_ratio"), ev.get("lr_before"), ev.get("lr_at_onset")
