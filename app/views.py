@@ -266,10 +266,9 @@ def resume_command(run: str, rollback: object, meta: Mapping[str, object] | None
     return head + " \\\n    ".join(shell)
 
 
-FRAMEWORK_RESUMES = (  # (the run's ``framework`` starts with, its callback, the call that resumes from ``{path}``)
-    ("transformers", "RunwatchTrainerCallback", "trainer.train(resume_from_checkpoint={path})"),
-    ("lightning", "RunwatchCallback", "trainer.fit(model, datamodule, ckpt_path={path})"),
-    ("pytorch_lightning", "RunwatchCallback", "trainer.fit(model, datamodule, ckpt_path={path})"),
+FRAMEWORK_RESUMES = (  # (the run's ``framework`` package, its callback, the call that resumes from ``{path}``)
+    (("transformers",), "RunwatchTrainerCallback", "trainer.train(resume_from_checkpoint={path})"),
+    (("lightning", "pytorch_lightning"), "RunwatchCallback", "trainer.fit(model, datamodule, ckpt_path={path})"),
 )
 
 
@@ -281,8 +280,8 @@ def monitor_call(run: str, rollback: object, meta: Mapping[str, object] | None =
     skip = getattr(rollback, "skip_batches", None)
     skip_arg = [f"skip_batches=({int(skip[0])}, {int(skip[1])})"] if skip else []
     framework = str((meta or {}).get("framework") or "")
-    for name, callback, resume in FRAMEWORK_RESUMES:
-        if framework.split(" ")[0] == name:
+    for packages, callback, resume in FRAMEWORK_RESUMES:
+        if framework.split(" ")[0] in packages:
             lines = [f"callback = {callback}(root, run={', '.join([repr(run), *skip_arg])})"]
             if skip:
                 lines.insert(0, f"# skip batches {int(skip[0])}-{int(skip[1])} in your data pipeline: the callback "

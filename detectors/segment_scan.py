@@ -119,18 +119,18 @@ class SegmentDetectors:
 
     def _each(self, call) -> dict[str, object]:
         """``call(series, scanner)`` for every scanner, by kind: on threads after a long stretch of rows."""
-        workers, unchecked = self._threads, call
+        workers = self._threads
 
-        def call(series: str, scanner: object) -> object:
+        def quiet(series: str, scanner: object) -> object:
             # Non-finite values are data here (an overflowed loss, a NaN norm), not arithmetic errors to warn about
             # on stderr; per call, since numpy's error state is per thread.
             with np.errstate(all="ignore"):
-                return unchecked(series, scanner)
+                return call(series, scanner)
 
         if workers < 2:
-            return {kind: call(*pair) for kind, pair in self.scanners.items()}
+            return {kind: quiet(*pair) for kind, pair in self.scanners.items()}
         with ThreadPoolExecutor(max_workers=workers) as pool:
-            futures = {kind: pool.submit(call, *pair) for kind, pair in self.scanners.items()}
+            futures = {kind: pool.submit(quiet, *pair) for kind, pair in self.scanners.items()}
             return {kind: future.result() for kind, future in futures.items()}
 
     def _route(self, new: dict[str, np.ndarray], skip: np.ndarray) -> None:

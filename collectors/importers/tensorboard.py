@@ -29,7 +29,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from runwatch.collectors.importers.base import LogFormatError, ParsedLog
-from runwatch.collectors.importers.textlog import merge_same_step, note, sanitize_name
+from runwatch.collectors.importers.textlog import note, sanitize_name
 from runwatch.data.record import metrics_table
 
 TAGS = {
@@ -145,7 +145,8 @@ def parse_file(path: Path, skip_bad_lines: bool) -> ParsedLog:
         rows.append(current)
     if not rows:
         raise LogFormatError(path, None, "no scalar summaries found in this TensorBoard event file")
-    return merge_same_step(ParsedLog(metrics_table(rows), breaks=breaks, num_skipped=num_skipped))
+    # Consecutive rows differ in step by construction: nothing for ``merge_same_step`` to fold.
+    return ParsedLog(metrics_table(rows), breaks=breaks, num_skipped=num_skipped)
 
 
 def _hparams_only(files: Sequence[Path]) -> bool:

@@ -26,7 +26,6 @@ from runwatch.collectors.importers.tensorboard import column_for as tag_column
 from runwatch.collectors.importers.textlog import (
     build_table,
     fold_repeated_steps,
-    merge_same_step,
     parse_each,
     time_gap_breaks,
 )
@@ -89,7 +88,7 @@ def parse_file(path: Path, skip_bad_lines: bool) -> ParsedLog:
     # call) are one row, the later value of a column kept, as TensorBoard reads a step logged again.
     metrics = fold_repeated_steps(build_table(columns))
     breaks = time_gap_breaks(metrics["time"].to_numpy(zero_copy_only=False)) if "time" in columns else set()
-    return merge_same_step(ParsedLog(metrics, breaks=breaks, num_skipped=num_invalid + num_skipped))
+    return ParsedLog(metrics, breaks=breaks, num_skipped=num_invalid + num_skipped)
 
 
 def _trainer_step(table: pa.Table) -> pa.Table:
