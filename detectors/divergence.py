@@ -698,6 +698,10 @@ class DivergenceScanner:
         steps, loss, grad, act, lr = obs["step"], obs["loss"], obs["grad_norm"], obs["act_norm"], obs["lr"]
         jump = lr_jump_inside(steps, lr, ep["onset"], ep["confirm"], self.ctx.config.lr, self.ctx.history)
         start = first_consequence(steps, jump) if jump is not None else ep["onset"]
+        # A slow LR raise the climb was confirmed after: the hinge's knot before it lies in noise (fresh seed 103205's
+        # run 064, an LR growing x1.1 a step from 942, the knot at 924). Read up to the episode's end: a slow ramp
+        # reaches ``raise_factor`` only as the loss climbs.
+        start = self._not_before_its_cause(steps, lr, loss, start, ep["confirm"], end)
         onset, growth = cause_start(steps, obs, start, self.ctx.history, self.cfg, self.ctx.config.lr,
                                     self.ctx.config.advice, until=ep["confirm"])
         best, best_b, sigma = ep["best"]
@@ -730,6 +734,15 @@ class DivergenceScanner:
                        severity=severity, self_recovered=recovered,
                        needs_action=not recovered, evidence=evidence, message=message)
 
+    def _not_before_its_cause(self, steps: np.ndarray, lr: np.ndarray, values: np.ndarray, onset: int, by: int,
+                              upto: int, log: bool = False) -> int:
+        """``onset``, or the first consequence of an LR raise off the schedule the alarm at ``by`` came after
+        (``raise_after``) when ``values`` (a norm: ``log``) carry no lift of their own before it."""
+        first = raise_after(steps, lr, onset, by, upto, self.ctx.config.lr)
+        if first is None or lifted_before(safe_log(values) if log else values, onset, first, self.cfg.growth_z):
+            return onset
+        return first
+
     def _precursor(self, obs: Observations) -> Finding | None:
         """Divergence caught early: activation and gradient norms blowing up before the loss moves (OPT)."""
         steps, act, grad = obs["step"], obs["act_norm"], obs["grad_norm"]
@@ -757,11 +770,15 @@ class DivergenceScanner:
         # (seed 372696's run 071: x1.02 at the climb's start, x3.6 by the last row), so the rise is measured up to
         # the last row, the worst of the effect so far, as a spike's is up to its peak.
         rise = lr_rise_start(steps, obs["lr"], i, self.ctx.config.lr, until=len(steps) - 1)
-        onset = int(steps[first_consequence(steps, rise)]) if rise is not None else climb
+        if rise is not None:
+            at = first_consequence(steps, rise)
+        else:  # or one that began after the climb's block-dated start, before the norms had grown of their own
+            at = self._not_before_its_cause(steps, obs["lr"], act, i, len(steps) - 1, len(steps) - 1, log=True)
+        onset, caused = int(steps[at]), rise is not None or at != i
         return Finding(kind="divergence", onset_step=onset, end_step=int(steps[-1]), peak_step=int(steps[-1]),
                        segment=self.ctx.segment, severity="critical", self_recovered=False, needs_action=True,
                        evidence={"act_norm_ratio": act_ratio, "grad_norm_ratio": grad_ratio,
-                                 "act_norm_climb_step": climb, "lr_rise_step": onset if rise is not None else None,
+                                 "act_norm_climb_step": climb, "lr_rise_step": onset if caused else None,
                                  "rule": "precursor", "loss_moved": moved, "detected_step": int(steps[-1])},
                        message=f"diverging from step {onset}: activation norm x{act_ratio:.2g} and gradient norm "
                                f"x{grad_ratio:.2g} and still climbing, "
@@ -881,6 +898,31 @@ def lr_level_shift(obs: Observations, history: int, cfg: DivergenceConfig, lrc: 
                            + (f" (x{ratio:.3g})" if ratio else "")
                            + f": {level:.4g} -> {after_level:.4g}, {z_now:.1f} standard errors; still up at the last"
                              " step")
+
+
+def raise_after(steps: np.ndarray, lr: np.ndarray, onset: int, by: int, upto: int, lrc: LRConfig) -> int | None:
+    """The first consequence of an LR rise off the schedule (``lr_rise_start``: a jump, a ramp, a ramp riding a
+    decaying schedule) running into row ``by`` (the alarm) and measured up to row ``upto``, when it lies after
+    ``onset`` and by ``by``; else None. The alarm came only after the rise, so where the statistics date the change
+    before it (a CUSUM's last zero, a hinge's knot, a climb dated by blocks) lies in noise that did not alarm, and
+    the rise is the cause (DETECTION.md section 7a: an LR rise is the cause, its first consequence the onset). The
+    caller keeps its onset where the rows before the rise carry a lift of their own (``lifted_before``). Reads no
+    row after ``upto``."""
+    if not onset < by <= upto < len(lr):
+        return None
+    steps, lr = steps[:upto + 1], lr[:upto + 1]
+    rise = lr_rise_start(steps, lr, by, lrc, until=upto)
+    if rise is None or rise >= by:  # a rise on the alarm's own row has no consequence before it
+        return None
+    first = first_consequence(steps, rise)
+    return first if onset < first <= by else None
+
+
+def lifted_before(values: np.ndarray, onset: int, first: int, growth_z: float) -> bool:
+    """Do the rows from ``onset`` to ``first`` stand ``growth_z`` standard errors above as many rows before the onset
+    (at least ``BLOCK_ROWS``; ``median_shift_se``)? Then the change began with them, not with what came at ``first``."""
+    before = values[max(0, onset - max(first - onset, BLOCK_ROWS)):onset]
+    return bool(median_shift_se(before, values[onset:first]) >= growth_z)
 
 
 def lr_raise_inside(obs: Observations, excursion: Finding, confirmed: int, history: int, config: object) -> Finding | None:

@@ -55,7 +55,7 @@ from runwatch.detectors.divergence import (
     lr_burst_shifts,
     lr_jump_inside,
     lr_raise_inside,
-    lr_raised_since,
+    raise_after,
     lr_rise_start,
     lr_step_before,
     restart_before,
@@ -230,27 +230,14 @@ class SpikeScanner:
         self._open(onset, trigger, rule, loss, int(np.argmax([zl_c[trigger - lo], zg_c[trigger - lo]])), anchor)
 
     def _not_before_its_cause(self, obs: Observations, onset: int, trigger: int) -> int:
-        """The onset, or the first consequence of an LR raise off the schedule (``lr_raised_since``) still in effect at
-        the trigger that began after the onset and before the trigger: the rows between were not enough to alarm on
-        (the alarm came only after the raise), so where the statistics date the change (a CUSUM's last zero, the start
-        of an elevated streak) within that noise is no cause; the raise is (DETECTION.md section 7a: an LR rise is the
-        cause, its first consequence the onset). Fresh seed 158901's run 081: the LR growing from 776, the loss
-        climbing after it, the CUSUM's last zero at 762; the divergence dated 763, 13 steps before its cause, and
-        checkpoint 688 advised for 774. Unless those rows carry a lift of their own (below). Read from the rows up to
-        the trigger alone, so a stream dates it as the whole run does."""
-        if "lr" not in obs or trigger <= onset:
+        """The onset, or the first consequence of an LR raise off the schedule the alarm came after (``raise_after``):
+        fresh seed 158901's run 081, the LR growing from 776, the CUSUM's last zero at 762, the divergence dated 763
+        and checkpoint 688 advised for 774. Unless the rows before it carry a lift of their own (below). Read from the
+        rows up to the trigger alone, so a stream dates it as the whole run does."""
+        if "lr" not in obs:
             return onset
-        steps, lr = obs["step"][:trigger + 1], obs["lr"][:trigger + 1]
-        # Such a raise starts from a low at or after the onset, ``raise_factor`` below the LR at the trigger: without
-        # one there is none to look for (and a pass over the whole LR column is saved).
-        with np.errstate(invalid="ignore"):
-            if not np.nanmin(lr[onset:], initial=np.inf) * self.ctx.config.lr.raise_factor <= lr[-1]:
-                return onset
-        rise = lr_raised_since(steps, lr, self.ctx.config.lr, self.ctx.history)
-        if rise is None or rise >= trigger:  # a raise on the trigger's own row has no consequence before it
-            return onset
-        first = first_consequence(steps, rise)
-        if not onset < first <= trigger:
+        first = raise_after(obs["step"], obs["lr"], onset, trigger, trigger, self.ctx.config.lr)
+        if first is None:
             return onset
         # Not enough to alarm on is not nothing: rows before the raise whose mean stands ``growth_z`` standard errors
         # above the level at the onset, in the scale with the wander and clipped as the CUSUM clips them, carry a lift

@@ -2743,6 +2743,32 @@ def test_93_a_collapse_that_outlived_its_nan_needs_action() -> None:
     assert [f.kind for f in report.findings if f.kind in ("nan", "scaler_collapse")] == ["nan"], report.findings
 
 
+# 94. Every loss detector dates an excursion the alarm came after an LR rise at the rise's first consequence (test 88's
+# rule, once for the spike, the loss climb and the precursor: ``divergence.raise_after``).
+
+def test_94_a_precursor_dated_by_blocks_before_the_ramp_that_caused_it_begins_with_the_ramp() -> None:
+    """Real CPU training (fresh seed 102124's run 009, ``tests/fixtures/fresh``): fp16, batch 4, a constant LR, a slow
+    LR ramp with the final layer's weights growing from 375 (first consequence 376); the activation and
+    gradient norms x10 by the end while the loss has not moved: OPT's precursor. The climb is dated on blocks of
+    16 rows and walked back to 362, before its cause; the rows 362-375 carry no lift of their own, so the ramp's
+    first consequence is the onset. Fails on 5d78497 (onset 362, no ``lr_rise_step``)."""
+    report = _fresh_report("f102124-009")
+    [div] = [f for f in report.findings if f.kind == "divergence"]
+    assert (div.onset_step, div.evidence["rule"], div.evidence["lr_rise_step"]) == (376, "precursor", 376), div
+
+
+def test_94_an_lr_jump_the_alarm_came_after_is_the_cause_even_inside_the_warm_up() -> None:
+    """Real CPU training (fresh seed 286252's run 034): fp32, batch 18, a 63-step warm-up, the LR jumped x24 at 51
+    and held (a divergence labelled from 52). The excursion opened at the jump's own row, 51 (its loss computed
+    before the first update under the new LR), and the sign test, reading the LR from there, found no raise at the
+    onset and called the spread "the loss noise grew" (an info note, no action; the date moved to 52 only after,
+    test 84's rule). Opened at the first consequence, the raise at the onset is its cause, still up: a divergence.
+    Fails on 5d78497."""
+    steps, cols = _fresh_run("f286252-034")
+    [f] = analyze(rows_table(steps, **cols)).findings
+    assert (f.kind, f.onset_step, f.needs_action, f.evidence["lr_raised"]) == ("divergence", 52, True, True), f
+
+
 def test_a_blip_the_lr_threw_is_not_called_a_bad_batch() -> None:
     """A review's HF import read "one-step loss spike (a bad batch?) ... after the LR rose x47": two causes at once.
     With the LR raised into it the LR is the cause named; the batch guess stays for a blip with no LR cause."""
