@@ -298,16 +298,28 @@ class BlockBaseline:
         if last_block < first:
             return
         js = np.arange(first, last_block + 1)
-        nb = min(self.med.size, last_block)
-        valid = np.flatnonzero(~self.excluded.view[:nb])
-        k = np.searchsorted(valid, js)  # valid blocks before each j
-        if self.window > 32:  # a long window moves slowly: evaluate it every window/16 blocks and hold it
-            stride = self.window // 16
+        stride = self.window // 16 if self.window > 32 else 0
+        series = _ValidBlocks(self, first, min(self.med.size, last_block), stride)
+        k = series.ranks(js)  # valid blocks before each j
+        if stride:  # a long window moves slowly: evaluate it every window/16 blocks and hold it
             k = np.where(k < 2 * stride, k, k - k % stride)
-        # Blocks with the same number of valid blocks before them share one window: compute each once.
-        k, rows = _distinct_sorted(k)
-        med_w, mad_w = self._windows(k, valid, self.window)
-        enough = np.isfinite(med_w).sum(axis=1) >= self.min_blocks
+            # Blocks with the same number of valid blocks before them share one window: compute each once.
+            k, rows = _distinct_sorted(k)
+        else:  # k rises by 0 or 1 from one block to the next: its distinct values are a range
+            rows = k - k[0]
+            k = np.arange(k[0], k[-1] + 1)
+        # In pieces of rows (``ENSURE_VALUES``): every value is a function of its own row alone.
+        per = max(1, ENSURE_VALUES // max(self.window, self.wander_window))
+        parts = [self._baseline_rows(k[a:a + per], series) for a in range(0, len(k), per)]
+        level, scale, total = (np.concatenate(cols) for cols in zip(*parts))
+        self._level.extend(level[rows])
+        self._scale.extend(scale[rows])
+        self._total.extend(total[rows])
+
+    def _baseline_rows(self, k: np.ndarray, series: "_ValidBlocks") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(level, scale, total) from the valid blocks before each of ``k`` (NaN without ``min_blocks``)."""
+        med_w, mad_w = series.windows(k, self.window)
+        enough = series.finite_in(k, self.window) >= self.min_blocks
         # Over its own window the wander is the medians' spread about this centre: one sort gives both.
         own = not (self.level_only or self.detrend or self.wander_window > self.window)
         centre, about = row_median_and_mad(med_w, self.min_blocks) if own else (row_median(med_w, self.min_blocks), None)
@@ -315,14 +327,11 @@ class BlockBaseline:
         level = np.where(np.isfinite(last), np.fmin(centre, last), centre) if self.follow_last else centre
         if self.level_only:
             nothing = np.full(len(k), np.nan)
-            self._level.extend(np.where(enough, level, np.nan)[rows])
-            self._scale.extend(nothing[rows])
-            self._total.extend(nothing[rows])
-            return
+            return np.where(enough, level, np.nan), nothing, nothing
         spread = MAD_TO_SIGMA * row_median(mad_w, 1)
         # The wander: how far the block medians stray from one another, beyond what the within-block noise
         # of a median of ``block`` observations explains (its standard error is ~1.25 sigma / sqrt(block)).
-        between, noise_long = self._between(k, valid, med_w, spread, about)
+        between, noise_long = self._between(k, series, med_w, spread, about)
         if self.follow_rising_noise:
             spread = np.fmax(spread, MAD_TO_SIGMA * mad_w[:, -1])
         # The noise does not drop below half its long-run level in a window: a stretch of repeated values (a
@@ -336,35 +345,9 @@ class BlockBaseline:
         total = np.fmax(total, scale)
         if self.wander:
             scale = total
-        self._level.extend(np.where(enough, level, np.nan)[rows])
-        self._scale.extend(np.where(enough, scale, np.nan)[rows])
-        self._total.extend(np.where(enough, total, np.nan)[rows])
+        return np.where(enough, level, np.nan), np.where(enough, scale, np.nan), np.where(enough, total, np.nan)
 
-    def _windows(self, k: np.ndarray, valid: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
-        """(medians, MADs) of the ``width`` valid blocks before each of ``k`` (NaN-padded)."""
-        if not len(k):
-            return np.empty((0, width)), np.empty((0, width))
-        if len(valid) and valid[-1] == len(valid) - 1:  # nothing excluded: windows are plain slices
-            # A sliding view over only the blocks these windows cover (a copy of every block so far on each call
-            # made streaming quadratic); row r holds blocks first + r - width .. first + r - 1.
-            first, last = max(int(k[0]) - width, 0), int(k[-1])
-            pad = np.full(width, np.nan)
-            med = np.lib.stride_tricks.sliding_window_view(np.concatenate([pad, self.med.view[first:last]]), width)
-            mad = np.lib.stride_tricks.sliding_window_view(np.concatenate([pad, self.mad.view[first:last]]), width)
-            step = int(k[1] - k[0]) if len(k) > 1 else 1
-            if k[-1] - k[0] == step * (len(k) - 1) and (len(k) < 3 or np.all(np.diff(k) == step)):
-                # Evenly spaced (consecutive, or a long window's anchors every ``stride`` blocks): a view, no gather.
-                rows = slice(int(k[0]) - first, int(k[-1]) - first + 1, step)
-                return med[rows], mad[rows]
-            return med[k - first], mad[k - first]
-        idx = k[:, None] - width + np.arange(width)[None, :]
-        have = idx >= 0
-        pick = valid[np.clip(idx, 0, max(len(valid) - 1, 0))] if len(valid) else np.zeros_like(idx)
-        med_w = np.where(have, self.med.view[pick] if len(valid) else np.nan, np.nan)
-        mad_w = np.where(have, self.mad.view[pick] if len(valid) else np.nan, np.nan)
-        return med_w, mad_w
-
-    def _between(self, k: np.ndarray, valid: np.ndarray, med_w: np.ndarray, noise: np.ndarray,
+    def _between(self, k: np.ndarray, series: "_ValidBlocks", med_w: np.ndarray, noise: np.ndarray,
                  about: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
         """The wander (how far the block medians stray) and the long-run noise (median block MAD as a sigma), over
         the last ``wander_window`` valid blocks.
@@ -384,7 +367,7 @@ class BlockBaseline:
             stride = max(1, self.wander_window // 16)
             anchor = k - k % stride
             anchors, rows = _distinct_sorted(anchor)
-            med_long, mad_long = self._windows(anchors, valid, self.wander_window)
+            med_long, mad_long = series.windows(anchors, self.wander_window)
             noise_long = MAD_TO_SIGMA * row_median(mad_long, 1)
             spread = None if self.detrend else row_median_and_mad(med_long, self.min_blocks)[1]
         if self.detrend:
@@ -533,6 +516,61 @@ class BlockBaseline:
                 self._add_tail(b, -1)
         for cache in (self._level, self._scale, self._total):  # later blocks have a new history
             cache.truncate(first + 1)
+
+
+ENSURE_VALUES = 1 << 19
+"""Window values (4 MiB of float64) a baseline computes at a time: the windows' copies, sorts and deviations of a
+long segment read whole (250k windows of 16, 62k of 64: tens of MB each) are reused pieces that stay in cache
+rather than fresh memory faulted in for each step."""
+
+
+class _ValidBlocks:
+    """The block medians and MADs a baseline may use (blocks not excluded), in order, from far enough back for
+    every window ``_ensure`` asks of them: the window of rank ``k`` and width ``w`` holds the valid blocks of rank
+    k - w .. k - 1, NaN for ranks before the first. Read from the valid blocks before ``first`` that the windows
+    reach and those from it on alone, so a call costs what its new blocks cost, not the whole series."""
+
+    def __init__(self, base: BlockBaseline, first: int, nb: int, stride: int) -> None:
+        excluded = base.excluded.view
+        reach = max(base.window, base.wander_window)
+        # A window may start this many ranks before the first block's (a held anchor lies up to a stride back).
+        need = reach + stride + max(1, base.wander_window // 16)
+        end = min(first, nb)
+        start = max(end - need, 0)
+        while start > 0 and (end - start) - int(np.count_nonzero(excluded[start:end])) < need:
+            start = max(end - 2 * (end - start), 0)
+        self.valid = start + np.flatnonzero(~excluded[start:nb])  # valid blocks from ``start`` on, under ``nb``
+        self.before = start - int(np.count_nonzero(excluded[:start]))  # valid blocks before ``start``
+        pad = np.full(reach, np.nan)
+        self.med = np.concatenate([pad, base.med.view[self.valid]])
+        self.mad = None if base.level_only else np.concatenate([pad, base.mad.view[self.valid]])
+        self.offset = reach - self.before  # rank r sits at index r + offset
+        self._finite: np.ndarray | None = None
+
+    def ranks(self, js: np.ndarray) -> np.ndarray:
+        """The number of valid blocks before each block of ``js`` (none under ``first``)."""
+        return self.before + np.searchsorted(self.valid, js)
+
+    def windows(self, k: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """(medians, MADs) of the ``width`` valid blocks before each rank of ``k`` (ascending): views where the
+        ranks are evenly spaced."""
+        starts = k + self.offset - width
+        med = np.lib.stride_tricks.sliding_window_view(self.med, width)
+        mad = None if self.mad is None else np.lib.stride_tricks.sliding_window_view(self.mad, width)
+        if not len(k):
+            rows = slice(0, 0)
+        else:
+            step = int(k[1] - k[0]) if len(k) > 1 else 1
+            even = step > 0 and k[-1] - k[0] == step * (len(k) - 1) and (len(k) < 3 or bool(np.all(np.diff(k) == step)))
+            rows = slice(int(starts[0]), int(starts[-1]) + 1, step) if even else starts
+        return med[rows], (None if mad is None else mad[rows])
+
+    def finite_in(self, k: np.ndarray, width: int) -> np.ndarray:
+        """How many of the medians in each window of ``windows(k, width)`` are finite (a running count)."""
+        if self._finite is None:
+            self._finite = np.concatenate([[0], np.cumsum(np.isfinite(self.med))])
+        starts = k + self.offset - width
+        return self._finite[starts + width] - self._finite[starts]
 
 
 def cusum(inc: np.ndarray, s0: float, zero0: int, offset: int) -> tuple[np.ndarray, np.ndarray]:
