@@ -23,12 +23,7 @@ from runwatch.detectors.config import DEFAULT, DetectorConfig
 from runwatch.detectors.finding import Finding, Rollback, SegmentInfo, clean_json, fmt_value
 from runwatch.detectors.rank_stall import pause_seconds
 from runwatch.detectors.segment_scan import SegmentDetectors
-from runwatch.detectors.segments import (
-    main_line,
-    parent_history,
-    segment_infos,
-    split_segments,
-)
+from runwatch.detectors.segments import parent_history, read_rows
 from runwatch.detectors.spike import lr_still_up
 from runwatch.detectors.stall import live_stall
 
@@ -289,7 +284,7 @@ def analyze(rows: pa.Table, events: pa.Table | None = None, now: float | None = 
     event_rows = events.to_pylist() if events is not None else []
     seconds = pause_seconds(checkpoint_seconds(checkpoints), event_rows)  # checkpoint writes and evaluations
     resumes = resume_steps_of(event_rows)
-    cols = split_segments(rows)
+    cols, infos, main = read_rows(rows, resumes)  # the segments' columns, their ranges and the main line
     raw: list[Finding] = []
     for segment in sorted(cols):
         history, resume_step = parent_history(segment, int(cols[segment]["step"][0]), cols, resumes.get(segment), raw)
@@ -297,5 +292,4 @@ def analyze(rows: pa.Table, events: pa.Table | None = None, now: float | None = 
                                 resume_step=resume_step)
         scan.advance(cols[segment])
         raw.extend(scan.findings())
-    infos = segment_infos(rows, resumes)
-    return assemble(raw, infos, main_line(rows, infos), checkpoints, now, present_paths, cfg)
+    return assemble(raw, infos, main, checkpoints, now, present_paths, cfg)

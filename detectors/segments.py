@@ -52,9 +52,12 @@ def columns(table: pa.Table) -> dict[str, np.ndarray]:
     for name in FLOAT_COLUMNS:
         if name in table.column_names:
             col = table[name]
+            values = pc.cast(col, pa.float64()).to_numpy(zero_copy_only=False)
+            if col.null_count == 0:  # the common case: one copy (writable, as the arrays below), no mask pass
+                out[name + "_present"], out[name] = np.ones(n, dtype=bool), np.array(values, dtype=np.float64)
+                continue
             out[name + "_present"] = pc.is_valid(col).to_numpy(zero_copy_only=False)
-            out[name] = pc.cast(col, pa.float64()).to_numpy(zero_copy_only=False).astype(np.float64)
-            out[name] = np.where(out[name + "_present"], out[name], np.nan)
+            out[name] = np.where(out[name + "_present"], values.astype(np.float64), np.nan)
         else:
             out[name], out[name + "_present"] = np.full(n, np.nan), np.zeros(n, dtype=bool)
     if "found_inf" in table.column_names:
@@ -67,19 +70,55 @@ def columns(table: pa.Table) -> dict[str, np.ndarray]:
 
 def split_segments(rows: pa.Table) -> dict[int, dict[str, np.ndarray]]:
     """Each segment's own rows, sorted by step, as column arrays."""
+    rows, spans, _ = _segment_spans(rows)
+    return {k: columns(rows.slice(a, b - a)) for k, a, b in spans}
+
+
+def _segment_spans(rows: pa.Table) -> tuple[pa.Table, list[tuple[int, int, int]], bool]:
+    """(the rows sorted by segment and step, each segment's (id, first row, end row) in them, whether the rows
+    came sorted already)."""
     if rows.num_rows == 0:
-        return {}
+        return rows, [], True
     if "segment" not in rows.column_names:
         rows = rows.append_column("segment", pa.array(np.zeros(rows.num_rows, np.int32)))
     seg = rows["segment"].to_numpy(zero_copy_only=False).astype(np.int64)
     steps = rows["step"].to_numpy(zero_copy_only=False)
-    if not _sorted_by(seg, steps):  # Store.rows is already ordered; sorting 1M rows costs 0.1 s
+    ordered = _sorted_by(seg, steps)
+    if not ordered:  # Store.rows is already ordered; sorting 1M rows costs 0.1 s
         rows = rows.sort_by([("segment", "ascending"), ("step", "ascending")])
         seg = rows["segment"].to_numpy(zero_copy_only=False).astype(np.int64)
     bounds = np.flatnonzero(np.diff(seg)) + 1
     starts = np.concatenate([[0], bounds])
     stops = np.concatenate([bounds, [len(seg)]])
-    return {int(seg[a]): columns(rows.slice(int(a), int(b - a))) for a, b in zip(starts, stops)}
+    return rows, [(int(seg[a]), int(a), int(b)) for a, b in zip(starts, stops)], ordered
+
+
+def read_rows(rows: pa.Table, resume_steps: dict[int, int] | None = None) \
+        -> tuple[dict[int, dict[str, np.ndarray]], list[SegmentInfo], dict[str, np.ndarray]]:
+    """``split_segments(rows)``, ``segment_infos(rows, resume_steps)`` and ``main_line(rows, those infos)``, with
+    the rows converted to arrays once: the segments' ranges are their sorted steps' ends, and the main line is
+    each segment's main rows in turn where the rows came in that order and its steps do not fall back (else it
+    is read again from the rows, as ``main_line`` reads it)."""
+    if rows.num_rows == 0:
+        return {}, [], main_line(rows)
+    table, spans, ordered = _segment_spans(rows)
+    cols = {k: columns(table.slice(a, b - a)) for k, a, b in spans}
+    infos = infos_from_ranges({k: int(c["step"][0]) for k, c in cols.items()},
+                              {k: int(c["step"][-1]) for k, c in cols.items()}, resume_steps)
+    if not ordered:
+        return cols, infos, main_line(rows, infos)
+    flag = pc.fill_null(rows["main"], False) if "main" in rows.column_names else None
+    parts = []
+    for k, a, b in spans:
+        keep = flag.slice(a, b - a).to_numpy(zero_copy_only=False) if flag is not None \
+            else on_main_line(cols[k]["step"], k, infos)
+        # A segment wholly on the main line is shared, not copied (nothing writes to these arrays).
+        parts.append(cols[k] if keep.all() else {name: v[keep] for name, v in cols[k].items()})
+    main = dict(parts[0]) if len(parts) == 1 else {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
+    steps = main["step"]
+    if len(steps) > 1 and not np.all(steps[1:] >= steps[:-1]):
+        return cols, infos, main_line(rows, infos)
+    return cols, infos, main
 
 
 def _sorted_by(major: np.ndarray, minor: np.ndarray) -> bool:
