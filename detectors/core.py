@@ -210,8 +210,17 @@ class Grow:
         self._data = np.empty(capacity, dtype=dtype)
         self.size = 0
 
-    def extend(self, values: np.ndarray) -> None:
+    def extend(self, values: np.ndarray, share: bool = False) -> None:
+        """Append ``values``. With ``share`` an empty buffer takes a long array of its dtype as it is, read-only,
+        instead of a copy (a segment's columns read whole: 1M rows a column); the next append copies it out, so
+        nothing is ever written into it."""
         need = self.size + len(values)
+        if share and self.size == 0 and need > len(self._data) and isinstance(values, np.ndarray) \
+                and values.ndim == 1 and values.dtype == self._data.dtype:
+            self._data = values.view()
+            self._data.flags.writeable = False
+            self.size = need
+            return
         if need > len(self._data):
             grown = np.empty(max(need, 2 * len(self._data)), dtype=self._data.dtype)
             grown[: self.size] = self._data[: self.size]

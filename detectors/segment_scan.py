@@ -147,11 +147,13 @@ class SegmentDetectors:
         for name, mask in masks.items():
             if not mask.any():
                 continue
+            every = bool(mask.all())  # then the columns go in as they are, not through a masked copy
             if name == "time":
-                self.buf["time"]["allowance"].extend(self._allowance(new["step"][mask]))
+                self.buf["time"]["allowance"].extend(self._allowance(new["step"] if every else new["step"][mask]),
+                                                     share=True)
             for col, grow in self.buf[name].items():
-                if col != "allowance":
-                    grow.extend(new[col][mask])
+                if col != "allowance":  # shared, not copied, into an empty buffer: no scanner writes to its series
+                    grow.extend(new[col] if every else new[col][mask], share=True)
         if "step_time" not in masks:
             self._derived_step_time(masks["time"], skip[masks["time"]])
 
@@ -182,8 +184,8 @@ class SegmentDetectors:
             per = np.concatenate([[np.nan], per])
         keep = np.isfinite(per) & (per > 0) & ~skipped
         sb = self.buf["step_time"]
-        sb["step"].extend(steps[first:][keep])
-        sb["step_time"].extend(per[keep])
+        sb["step"].extend(steps[first:][keep], share=True)
+        sb["step_time"].extend(per[keep], share=True)
 
     def findings(self) -> list[Finding]:
         found = self._each(lambda series, scanner: scanner.findings(self.views(series)))
