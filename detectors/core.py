@@ -548,8 +548,10 @@ class _ValidBlocks:
         start = max(end - need, 0)
         while start > 0 and (end - start) - int(np.count_nonzero(excluded[start:end])) < need:
             start = max(end - 2 * (end - start), 0)
-        self.valid = start + np.flatnonzero(~excluded[start:nb])  # valid blocks from ``start`` on, under ``nb``
+        kept = ~excluded[start:nb]
+        self.valid = start + np.flatnonzero(kept)  # valid blocks from ``start`` on, under ``nb``
         self.before = start - int(np.count_nonzero(excluded[:start]))  # valid blocks before ``start``
+        self._start, self._kept = start, kept
         pad = np.full(reach, np.nan)
         self.med = np.concatenate([pad, base.med.view[self.valid]])
         self.mad = None if base.level_only else np.concatenate([pad, base.mad.view[self.valid]])
@@ -557,8 +559,12 @@ class _ValidBlocks:
         self._finite: np.ndarray | None = None
 
     def ranks(self, js: np.ndarray) -> np.ndarray:
-        """The number of valid blocks before each block of ``js`` (none under ``first``)."""
-        return self.before + np.searchsorted(self.valid, js)
+        """The number of valid blocks before each block of ``js`` (consecutive, from ``first``): a running count
+        of the valid blocks from ``start``, not a search for each."""
+        at = np.minimum(js - self._start, len(self._kept))
+        if len(self.valid) == len(self._kept):  # none excluded from ``start`` on
+            return self.before + at
+        return self.before + np.concatenate([[0], np.cumsum(self._kept)])[at]
 
     def windows(self, k: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray | None]:
         """(medians, MADs) of the ``width`` valid blocks before each rank of ``k`` (ascending): views where the
