@@ -174,7 +174,11 @@ def act_growth_start(steps: np.ndarray, act: np.ndarray, before_step: int,
 def held_rows(steps: np.ndarray, lrc: LRConfig) -> int:
     """Rows that span ``lrc.held_steps`` updates at these rows' median spacing, at least two: how long an LR must
     be held to be a level the run trains at."""
-    spacing = float(np.median(np.diff(steps))) if len(steps) > 1 else 1.0
+    spacing = 1.0
+    if len(steps) > 1:
+        d = np.diff(steps)
+        # Evenly spaced rows (the usual log) have that spacing as their median: no selection over every row.
+        spacing = float(d[0]) if d.min() == d.max() else float(np.median(d))
     return max(2, int(np.ceil(lrc.held_steps / max(spacing, 1.0))))
 
 
@@ -184,14 +188,22 @@ def trained_level(steps: np.ndarray, lr: np.ndarray, lrc: LRConfig) -> float:
     row before the point judged, a resumed segment's parent history included: the run trained at its main line's
     levels before the resume (a warm restart back to a peak held before the resume is the schedule; test 74)."""
     ok = np.isfinite(lr)
-    v, at = lr[ok], steps[ok]
+    v, at = (lr, steps) if ok.all() else (lr[ok], steps[ok])
     if not len(v):
         return -np.inf
     rows = min(len(v), held_rows(at, lrc))
-    held = v[:len(v) - rows + 1].copy()
-    for j in range(1, rows):  # a running minimum by shifted contiguous slices (a strided view's min is ~10x slower)
-        np.minimum(held, v[j:len(v) - rows + 1 + j], out=held)
-    return float(held.max())
+    return float(run_minima(v, rows).max())
+
+
+def run_minima(v: np.ndarray, rows: int) -> np.ndarray:
+    """The lowest of each run of ``rows`` consecutive values of ``v`` (``len(v) - rows + 1`` runs), by doubling:
+    minima of runs of 2, 4, 8, ... from shifted contiguous slices (a strided view's min is ~10x slower), and a run
+    of ``rows`` is two overlapping runs of the largest power of two in it: log2(rows) passes, not rows - 1."""
+    m, width = v, 1
+    while 2 * width <= rows:
+        m = np.minimum(m[:-width], m[width:])
+        width *= 2
+    return m if width == rows else np.minimum(m[:len(v) - rows + 1], m[rows - width:])
 
 
 def warm_restart(lr: np.ndarray, low: int, first: int, trained_max: float, lrc: LRConfig) -> bool:
