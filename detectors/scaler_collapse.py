@@ -96,10 +96,14 @@ class ScalerScanner:
 
     def _chains(self, lo: int, n: int, steps: np.ndarray, scale: np.ndarray) -> None:
         """Halving chains: decreases of the logged scale with no growth in between (walks changed rows only)."""
-        rows = lo + np.flatnonzero(np.isfinite(scale[lo:n]))
+        finite = np.isfinite(scale[lo:n])
+        if finite.all():  # every row logs its scale (the usual fp16 log): no search and gather
+            rows, vals = np.arange(lo, n), scale[lo:n]
+        else:
+            rows = lo + np.flatnonzero(finite)
+            vals = scale[rows]
         if not len(rows):
             return
-        vals = scale[rows]
         prev = np.concatenate([[self.chain_prev], vals[:-1]])
         if math.isnan(self.chain_prev) and vals[0] < self.cfg.floor:  # a log that starts under the floor
             prev[0] = self.cfg.floor
@@ -190,7 +194,7 @@ class ScalerScanner:
         scaler ever fell (bench/calibrate.py: both false collapses left in 3M healthy steps were such peaks)."""
         since = int(steps[i]) - self.cfg.level_window * float(self.intervals.view[i])
         past = self.drop_scale.view[int(np.searchsorted(self.drop_step.view, since)):]
-        return float(np.median(past)) if len(past) else math.inf
+        return _median(past) if len(past) else math.inf
 
     def _skips(self, lo: int, n: int, obs: Observations) -> tuple[np.ndarray, int, np.ndarray, np.ndarray]:
         """Skipped steps on each row (the flag or the halvings of the logged scale), the first growth row,
@@ -230,8 +234,7 @@ class ScalerScanner:
                     interval[i - lo + 1:] = estimate  # in force from the next row on
             if i in drops:
                 self.last_drop_step = int(steps[i])
-        if np.isfinite(scale).any():
-            self.prev_scale = float(scale[np.isfinite(scale)][-1])
+        self.prev_scale = float(known[idx[-1]])  # the last logged scale (as it was, where no row logs one)
         return skips, grew_at, interval, own
 
     def _change_points(self, s: np.ndarray, zero: np.ndarray, skips: np.ndarray, lo: int) -> np.ndarray:
@@ -437,6 +440,15 @@ class ScalerScanner:
                        end_step=int(steps[min(end, n - 1)]), peak_step=int(steps[min(ep["min_i"], n - 1)]),
                        segment=self.ctx.segment, severity="critical" if needs else "warning",
                        self_recovered=recovered, needs_action=needs, evidence=evidence, message=message)
+
+
+def _median(values: np.ndarray) -> float:
+    """``np.median`` of the logged scales before a chain's halvings (finite, a handful per growth interval) without
+    its per-call overhead, ~1000 calls on a 1M-step fp16 run: the same middle values, averaged as it averages."""
+    if len(values) > 64:
+        return float(np.median(values))
+    ordered, m = sorted(values.tolist()), len(values)
+    return ordered[m // 2] if m % 2 else (ordered[m // 2 - 1] + ordered[m // 2]) / 2
 
 
 def rates(interval: np.ndarray | float, cfg: ScalerConfig, known: bool) -> tuple[np.ndarray, np.ndarray]:
