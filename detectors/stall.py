@@ -36,6 +36,11 @@ def step_times(steps: np.ndarray, times: np.ndarray) -> tuple[np.ndarray, np.nda
     return dt, num_steps
 
 
+ROWS_AT_ONCE = 1 << 16
+"""Rows judged per pass: a pass's temporaries (64k values) stay in cache and are reused, where a 1M-row segment's
+read whole are fresh memory each (8 MB, faulted in); every row is judged on its own, so the hits are the same."""
+
+
 class StallScanner:
     """Incremental over one segment's rows with a wall time."""
 
@@ -58,12 +63,18 @@ class StallScanner:
         self.per_step = Grow()
 
     def advance(self, obs: Observations) -> None:
-        steps, times, allowance = obs["step"], obs["time"], obs["allowance"]
-        n, lo, cfg = len(steps), max(self.pos, 1), self.cfg
+        n, lo = len(obs["step"]), max(self.pos, 1)
         if n <= lo:
             self.pos = max(self.pos, n)
             return
-        self.base.update(self._per_step(steps, times, n))
+        self.base.update(self._per_step(obs["step"], obs["time"], n))
+        for a in range(lo, n, ROWS_AT_ONCE):
+            self._judge(obs, a, min(n, a + ROWS_AT_ONCE))
+        self.pos = n
+
+    def _judge(self, obs: Observations, lo: int, n: int) -> None:
+        """Note the stalled intervals among rows lo..n-1 (each judged on its own)."""
+        steps, times, allowance, cfg = obs["step"], obs["time"], obs["allowance"], self.cfg
         log_base, log_scale = self.base.at(lo, n)
         base = np.exp(log_base)
         k = steps[lo:n] - steps[lo - 1:n - 1]
@@ -77,16 +88,14 @@ class StallScanner:
         hit = np.flatnonzero(stalled)
         self.hits.extend((lo + hit).tolist())
         self.allowance.extend(np.where(unknown, 0.0, allowed)[hit].tolist())
-        self.pos = n
 
     def _per_step(self, steps: np.ndarray, times: np.ndarray, n: int) -> np.ndarray:
         """Log per-step time of every row so far, kept incrementally so streaming stays O(1)."""
-        have = self.per_step.size
-        if n > have:
-            lo = max(have - 1, 0)
-            dt, _ = step_times(steps[lo:n], times[lo:n])
+        for a in range(self.per_step.size, n, ROWS_AT_ONCE):
+            b, lo = min(n, a + ROWS_AT_ONCE), max(a - 1, 0)
+            dt, _ = step_times(steps[lo:b], times[lo:b])
             with np.errstate(invalid="ignore", divide="ignore"):
-                self.per_step.extend(np.log(np.where(dt > 0, dt, np.nan))[have - lo:])
+                self.per_step.extend(np.log(np.where(dt > 0, dt, np.nan))[a - lo:])
         return self.per_step.view
 
     def findings(self, obs: Observations) -> list[Finding]:
