@@ -174,6 +174,17 @@ def block_stats(values: np.ndarray, detrend: bool = False) -> tuple[np.ndarray, 
     return med, mad * mad_consistency(values.shape[1])
 
 
+_BIG = float(np.finfo(np.float64).max)
+
+
+def nan_low(values: np.ndarray) -> np.ndarray:
+    """``np.nan_to_num(values, nan=-np.inf)`` in three passes instead of its nine: NaN becomes -inf, +-inf the
+    largest finite value of its sign, the rest stays as it is."""
+    out = np.minimum(np.maximum(values, -_BIG), _BIG)  # NaN stays NaN through both
+    np.copyto(out, -np.inf, where=np.isnan(values))
+    return out
+
+
 def safe_log(values: np.ndarray) -> np.ndarray:
     """log of the positive finite values; NaN elsewhere (a zero or NaN grad norm is not a ratio)."""
     out = np.full(len(values), np.nan)
@@ -416,12 +427,29 @@ class BlockBaseline:
         """Level and scale for observations lo..hi-1 (NaN where the segment is still warming up)."""
         if hi <= lo:
             return np.empty(0), np.empty(0)
+        self._ensure_obs(lo, hi)
+        return (self._per_obs(self._level, lo, hi, self.med.size + 1),
+                self._per_obs(self._scale, lo, hi, self.med.size + 1))
+
+    def level_at(self, lo: int, hi: int) -> np.ndarray:
+        """``at(lo, hi)[0]`` alone (a level-only baseline has no scale, a noise model's level goes unread)."""
+        if hi <= lo:
+            return np.empty(0)
+        self._ensure_obs(lo, hi)
+        return self._per_obs(self._level, lo, hi, self.med.size + 1)
+
+    def scale_at(self, lo: int, hi: int) -> np.ndarray:
+        """``at(lo, hi)[1]`` alone."""
+        if hi <= lo:
+            return np.empty(0)
+        self._ensure_obs(lo, hi)
+        return self._per_obs(self._scale, lo, hi, self.med.size + 1)
+
+    def _ensure_obs(self, lo: int, hi: int) -> None:
         # Only blocks whose predecessors are all complete have a baseline (a later call must not find a value
         # cached before its history was there: streaming would then differ from offline).
         first, last = lo // self.block, (hi - 1) // self.block
         self._ensure(min(last, self.med.size) if first <= self.med.size else -1)
-        return (self._per_obs(self._level, lo, hi, self.med.size + 1),
-                self._per_obs(self._scale, lo, hi, self.med.size + 1))
 
     def total_scale(self, lo: int, hi: int) -> np.ndarray:
         """The scale with the between-block wander added in quadrature, for observations lo..hi-1 (after ``at``)."""

@@ -75,8 +75,8 @@ class SlowdownScanner:
         lt = self.log_t.view[lo:n]
         with np.errstate(invalid="ignore"):
             z = (lt - level) / scale
-            raised = np.nan_to_num(lt - level, nan=-np.inf) >= math.log1p(cfg.min_rise)
-            slow = raised & (np.nan_to_num(z, nan=-np.inf) > cfg.z)
+            raised = (lt - level) >= math.log1p(cfg.min_rise)  # NaN compares False
+            slow = raised & (z > cfg.z)
         warm = np.isfinite(level)
         inc = np.where(warm & raised, np.minimum(np.nan_to_num(z, nan=0.0), self.winsor), 0.0) - cfg.cusum_k
         s, zero = cusum(np.where(warm, inc, -1e6), self.s, self.zero, lo)

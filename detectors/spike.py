@@ -41,6 +41,7 @@ from runwatch.detectors.core import (
     Grow,
     cusum,
     first_run,
+    nan_low,
     safe_log,
 )
 from runwatch.detectors.divergence import (
@@ -124,8 +125,8 @@ class SpikeScanner:
 
     def _baselines(self, loss: np.ndarray, lo: int, hi: int) -> tuple[np.ndarray, ...]:
         """Loss and log-grad level and scale for lo..hi-1, and where a real (not cold) baseline exists."""
-        level, scale = self.loss_level.at(lo, hi)[0], self.loss_base.at(lo, hi)[1]
-        glevel, gscale = self.grad_level.at(lo, hi)[0], self.grad_base.at(lo, hi)[1]
+        level, scale = self.loss_level.level_at(lo, hi), self.loss_base.scale_at(lo, hi)
+        glevel, gscale = self.grad_level.level_at(lo, hi), self.grad_base.scale_at(lo, hi)
         level = np.where(np.isfinite(scale), level, np.nan)  # warm once the noise is known
         glevel = np.where(np.isfinite(gscale), glevel, np.nan)
         warm = np.isfinite(level)
@@ -152,13 +153,13 @@ class SpikeScanner:
         level, scale, glevel, gscale, warm = self._baselines(loss, lo, n)
         total_l, total_g = self.loss_base.total_scale(lo, n), self.grad_base.total_scale(lo, n)
         cols = [level, scale, glevel, gscale, total_l, total_g]
-        with np.errstate(invalid="ignore", divide="ignore"):
-            ext_l = np.where(warm, (loss[lo:n] - level) / total_l, (loss[lo:n] - level) / scale)
-            ext_g = np.where(warm, (self.log_grad.view[lo:n] - glevel) / total_g, (self.log_grad.view[lo:n] - glevel) / gscale)
+        with np.errstate(invalid="ignore", divide="ignore"):  # each residual over its own scale, warm or cold
+            ext_l = (loss[lo:n] - level) / np.where(warm, total_l, scale)
+            ext_g = (self.log_grad.view[lo:n] - glevel) / np.where(warm, total_g, gscale)
         # Cold (no noise model yet) the gradient norm is out of band only past a gross rise (the trigger's): a
         # warm-up's norms climb past a cold scale's band and would carry the onset back through the climb.
         band_g = np.where(warm, self.cfg.z_band, self.cfg.z_trigger)
-        elevated = (np.nan_to_num(ext_l, nan=-np.inf) > self.cfg.z_band) | (np.nan_to_num(ext_g, nan=-np.inf) > band_g)
+        elevated = (ext_l > self.cfg.z_band) | (ext_g > band_g)  # a NaN residual is not elevated
         if not elevated.any():
             return (*cols, warm, elevated)
         idx = np.arange(n - lo)
@@ -184,7 +185,7 @@ class SpikeScanner:
             zg = (lg[lo:n] - glevel) / gscale
             rise_l = (loss[lo:n] - level) / np.abs(level)
             rise_g = lg[lo:n] - glevel
-            zl_c, zg_c = np.nan_to_num(zl, nan=-np.inf), np.nan_to_num(zg, nan=-np.inf)
+            zl_c, zg_c = nan_low(zl), nan_low(zg)
             loss_cand = (zl_c > cfg.z_trigger) & (rise_l >= cfg.min_rise)
             grad_cand = (zg_c > cfg.z_trigger) & (rise_g >= math.log(cfg.grad_min_ratio))
             # Cold: a gross loss rise counts only with the gradient norm moving too (when it is logged).
@@ -193,7 +194,7 @@ class SpikeScanner:
             grad_cand &= warm
         with np.errstate(invalid="ignore", divide="ignore"):
             z_total = (loss[lo:n] - self._guarded(level, lo, n)) / total_l
-        sums = [self._cusum(z_total, warm, lo, c) for c in range(len(self.bank))]
+        sums = self._cusums(z_total, warm, lo)
         past = [s > h for (s, _), (_, h, _) in zip(sums, self.bank)]
         hit = np.logical_or.reduce(past) | loss_cand | grad_cand
         trigger = None
@@ -279,21 +280,28 @@ class SpikeScanner:
         if g <= 0 or n - g <= start:
             return level
         earlier = np.full(n - lo, np.nan)
-        earlier[start + g - lo:] = self.loss_level.at(start, n - g)[0]
+        earlier[start + g - lo:] = self.loss_level.level_at(start, n - g)
         return np.where(np.isfinite(earlier), np.fmin(level, earlier), level)
 
-    def _cusum(self, zl: np.ndarray, warm: np.ndarray, lo: int, c: int) -> tuple[np.ndarray, np.ndarray]:
-        """CUSUM ``c`` of the bank over the clipped loss residuals, scaled by the run's variability wander
+    def _cusums(self, zl: np.ndarray, warm: np.ndarray, lo: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Each CUSUM of the bank over the clipped loss residuals, scaled by the run's variability wander
         included (a sustained shift must stand out from how far the level wanders by itself); it rests at 0
-        without a baseline."""
-        inc = np.where(np.isfinite(zl), np.minimum(zl, self.winsor), 0.0) - self.bank[c][0]
-        s, zero = np.zeros(len(zl)), np.arange(len(zl)) + lo
-        s0, z0 = self.s[c], self.zero[c]
+        without a baseline. The members differ only in their reference value: the clipped residuals and the runs
+        of warm observations are found once for all of them."""
+        clipped = np.where(np.isfinite(zl), np.minimum(zl, self.winsor), 0.0)
+        if warm.all():  # one run from the first observation: the sums carry on from the last pass
+            return [cusum(clipped - k, self.s[c], self.zero[c], lo) for c, (k, _, _) in enumerate(self.bank)]
         bounds = np.flatnonzero(np.diff(np.concatenate([[0], warm.astype(np.int8), [0]])))
-        for a, b in zip(bounds[::2], bounds[1::2]):  # runs of warm observations
-            start_s, start_z = (s0, z0) if a == 0 else (0.0, lo + a - 1)
-            s[a:b], zero[a:b] = cusum(inc[a:b], start_s, start_z, lo + a)
-        return s, zero
+        out = []
+        for c, (k, _, _) in enumerate(self.bank):
+            inc = clipped - k
+            s, zero = np.zeros(len(zl)), np.arange(len(zl)) + lo
+            s0, z0 = self.s[c], self.zero[c]
+            for a, b in zip(bounds[::2], bounds[1::2]):  # runs of warm observations
+                start_s, start_z = (s0, z0) if a == 0 else (0.0, lo + a - 1)
+                s[a:b], zero[a:b] = cusum(inc[a:b], start_s, start_z, lo + a)
+            out.append((s, zero))
+        return out
 
     def _note_scanned(self, lo: int, hi: int, zl: np.ndarray, zg: np.ndarray, warm: np.ndarray) -> None:
         a = max(self._noted, lo)
