@@ -616,6 +616,10 @@ class _ValidBlocks:
         return self._finite[starts + width] - self._finite[starts]
 
 
+CUSUM_ROWS = 1 << 16
+"""Increments ``cusum`` sums at a time (a scaler's 1M rows read whole are summed in pieces)."""
+
+
 def cusum(inc: np.ndarray, s0: float, zero0: int, offset: int) -> tuple[np.ndarray, np.ndarray]:
     """One-sided CUSUM over increments ``inc`` (r_t - k), starting from S = ``s0``.
 
@@ -627,11 +631,34 @@ def cusum(inc: np.ndarray, s0: float, zero0: int, offset: int) -> tuple[np.ndarr
     """
     if not len(inc):
         return np.empty(0), np.empty(0, dtype=np.int64)
-    c = s0 + np.cumsum(inc)
-    s = c - np.minimum.accumulate(np.minimum(c, 0.0))
-    at_zero = np.where(s <= 0.0, np.arange(len(inc)) + offset, -1)
-    last_zero = np.maximum.accumulate(at_zero)
-    return s, np.where(last_zero < 0, zero0, last_zero)
+    if len(inc) <= CUSUM_ROWS:
+        c = s0 + np.cumsum(inc)
+        s = c - np.minimum.accumulate(np.minimum(c, 0.0))
+        at_zero = np.where(s <= 0.0, np.arange(len(inc)) + offset, -1)
+        last_zero = np.maximum.accumulate(at_zero)
+        return s, np.where(last_zero < 0, zero0, last_zero)
+    # A long series in pieces, each carrying on the running sum, minimum and last zero of the one before: the
+    # same sequential sums (a piece's first increment is added to the sum so far, as cumsum adds it), and exact
+    # minima and maxima, with a piece's temporaries in cache instead of a dozen fresh arrays of the whole length.
+    s, zero = np.empty(len(inc)), np.empty(len(inc), dtype=np.int64)
+    total, low, last = 0.0, 0.0, -1
+    for a in range(0, len(inc), CUSUM_ROWS):
+        part = inc[a:a + CUSUM_ROWS].copy()
+        if a:
+            part[0] = total + part[0]
+        run = np.cumsum(part)
+        total = float(run[-1])
+        c = s0 + run
+        floor = np.minimum.accumulate(np.minimum(c, 0.0))
+        if a:
+            np.minimum(floor, low, out=floor)
+        low = float(floor[-1])
+        part_s = np.subtract(c, floor, out=s[a:a + len(c)])
+        at_zero = np.where(part_s <= 0.0, np.arange(a, a + len(c)) + offset, -1)
+        last_zero = np.maximum(np.maximum.accumulate(at_zero), last)
+        last = int(last_zero[-1])
+        zero[a:a + len(c)] = np.where(last_zero < 0, zero0, last_zero)
+    return s, zero
 
 
 def first_run(ok: np.ndarray, m: int, carry: int) -> tuple[int, int]:

@@ -40,6 +40,12 @@ from runwatch.detectors.finding import Finding, recovery_steps
 from runwatch.detectors.scanner import Observations, ScanContext
 
 
+ROWS_AT_ONCE = 1 << 16
+"""Rows of a long stretch read per pass: a pass's temporaries stay in cache and are reused, where a 1M-row segment
+read whole made dozens of fresh arrays of its length; every row's value is the same either way (running sums,
+minima and maxima are carried from pass to pass)."""
+
+
 class ScalerScanner:
     """Incremental over the rows of one segment where the loss scale or the skip flag was logged."""
 
@@ -77,22 +83,34 @@ class ScalerScanner:
         if n <= lo:
             return
         skips, grew_at, interval, own = self._skips(lo, n, obs)
-        self.all_skips.extend(skips)
-        self.own_skip.extend(own)
-        self.intervals.extend(interval)
+        self.all_skips.extend(skips, share=True)  # the scanner's own arrays: kept, not copied
+        self.own_skip.extend(own, share=True)
+        self.intervals.extend(interval, share=True)
         self._chains(lo, n, steps, scale)
-        prev = np.concatenate([[self.prev_step if self.prev_step is not None else int(steps[lo]) - 1], steps[lo:n - 1]])
-        span = np.maximum(steps[lo:n] - prev, 1)
-        p0, p1 = rates(interval, self.cfg, not self.learn_interval)
-        inc = skips * np.log(p1 / p0) + (span - skips) * np.log((1 - p1) / (1 - p0))
-        # A skip seen on a row happened somewhere since the row before: calibration when that interval began
-        # in the opening steps (a log written every 100 steps shows the opening halvings at step 100).
-        calibrating = (np.arange(lo, n) < grew_at) & (prev < self.cfg.calibration_steps)
-        inc = np.where(calibrating, np.minimum(inc, 0.0), inc)  # the opening calibration skips by design
+        inc = self._increments(lo, n, steps, skips, interval, grew_at)
         s, zero = cusum(inc, self.s, -1, lo)
         cp = self._change_points(s, zero, skips, lo)
         self.s = self._episodes(lo, n, s, cp, inc, steps, scale)
         self.prev_step, self.pos = int(steps[n - 1]), n
+
+    def _increments(self, lo: int, n: int, steps: np.ndarray, skips: np.ndarray, interval: np.ndarray,
+                    grew_at: int) -> np.ndarray:
+        """The Bernoulli CUSUM's increment at each row lo..n-1: log(p1 / p0) a skip, log((1 - p1) / (1 - p0)) a
+        clean step. Each row on its own, in passes of ``ROWS_AT_ONCE``."""
+        inc = np.empty(n - lo)
+        first = self.prev_step if self.prev_step is not None else int(steps[lo]) - 1
+        for a in range(lo, n, ROWS_AT_ONCE):
+            b = min(n, a + ROWS_AT_ONCE)
+            prev = steps[a - 1:b - 1] if a > lo else np.concatenate([[first], steps[lo:b - 1]])
+            span = np.maximum(steps[a:b] - prev, 1)
+            sk = skips[a - lo:b - lo]
+            p0, p1 = rates(interval[a - lo:b - lo], self.cfg, not self.learn_interval)
+            part = sk * np.log(p1 / p0) + (span - sk) * np.log((1 - p1) / (1 - p0))
+            # A skip seen on a row happened somewhere since the row before: calibration when that interval began
+            # in the opening steps (a log written every 100 steps shows the opening halvings at step 100).
+            calibrating = (np.arange(a, b) < grew_at) & (prev < self.cfg.calibration_steps)
+            inc[a - lo:b - lo] = np.where(calibrating, np.minimum(part, 0.0), part)  # calibration skips by design
+        return inc
 
     def _chains(self, lo: int, n: int, steps: np.ndarray, scale: np.ndarray) -> None:
         """Halving chains: decreases of the logged scale with no growth in between (walks changed rows only)."""
@@ -199,6 +217,33 @@ class ScalerScanner:
     def _skips(self, lo: int, n: int, obs: Observations) -> tuple[np.ndarray, int, np.ndarray, np.ndarray]:
         """Skipped steps on each row (the flag or the halvings of the logged scale), the first growth row,
         the growth interval in force at each row, and whether a row's skip is its own logged step alone."""
+        skips, own = np.empty(n - lo), np.empty(n - lo, dtype=bool)
+        parts = [self._skips_part(a, min(n, a + ROWS_AT_ONCE), obs, skips[a - lo:], own[a - lo:])
+                 for a in range(lo, n, ROWS_AT_ONCE)]
+        grown = np.concatenate([g for g, _ in parts])  # rows where the logged scale grew, and the scale before
+        grown_from = np.concatenate([f for _, f in parts])
+        grew_at = lo if self.grew else (int(grown[0]) if len(grown) else n)
+        self.grew = self.grew or bool(len(grown))
+        interval = np.full(n - lo, self.interval)
+        steps, scale = obs["step"], obs["loss_scale"]
+        drops = set((lo + np.flatnonzero(skips > 0)).tolist())
+        grows = {int(i): k for k, i in enumerate(grown)}
+        for i in sorted(drops | grows.keys()):
+            # A row that shows the scale grew (and, on an overflow log, skipped again): the growth came first.
+            if i in grows and self.learn_interval and self.last_drop_step is not None:
+                doublings = max(math.log2(float(scale[i] / grown_from[grows[i]])), 1.0)
+                estimate = (int(steps[i]) - self.last_drop_step) / doublings
+                if 1.0 <= estimate < self.interval:
+                    self.interval = estimate
+                    interval[i - lo + 1:] = estimate  # in force from the next row on
+            if i in drops:
+                self.last_drop_step = int(steps[i])
+        return skips, grew_at, interval, own
+
+    def _skips_part(self, lo: int, n: int, obs: Observations, skips: np.ndarray,
+                    own: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``_skips`` of rows lo..n-1 into ``skips`` and ``own`` (from their starts), carrying the last logged scale
+        and flag on to the next rows; the rows where the scale grew and the scale before each."""
         scale = obs["loss_scale"][lo:n]
         known = np.concatenate([[self.prev_scale], scale])
         idx = np.maximum.accumulate(np.where(np.isfinite(known), np.arange(len(known)), 0))
@@ -214,34 +259,20 @@ class ScalerScanner:
         # skips in between (a log every k steps sees most of them only that way), less the flagged row before's
         # own (the scale a row logs is the one its step ran with: that skip's halving shows on the next row).
         prev = np.concatenate([[self.prev_flag], flag[:-1]])
-        skips = np.maximum(flag, halvings - prev)
-        own = (flag > 0) & (halvings - prev <= 0)
+        np.maximum(flag, halvings - prev, out=skips[:n - lo])
+        np.logical_and(flag > 0, halvings - prev <= 0, out=own[:n - lo])
         if len(flag):
             self.prev_flag = float(flag[-1])
-        grew_at = lo if self.grew else (lo + int(grown[0]) if len(grown) else n)
-        self.grew = self.grew or bool(len(grown))
-        interval = np.full(n - lo, self.interval)
-        steps = obs["step"]
-        drops = set((lo + np.flatnonzero(skips > 0)).tolist())
-        grows = set((lo + grown).tolist())
-        for i in sorted(drops | grows):
-            # A row that shows the scale grew (and, on an overflow log, skipped again): the growth came first.
-            if i in grows and self.learn_interval and self.last_drop_step is not None:
-                doublings = max(math.log2(float(scale[i - lo] / before[i - lo])), 1.0)
-                estimate = (int(steps[i]) - self.last_drop_step) / doublings
-                if 1.0 <= estimate < self.interval:
-                    self.interval = estimate
-                    interval[i - lo + 1:] = estimate  # in force from the next row on
-            if i in drops:
-                self.last_drop_step = int(steps[i])
         self.prev_scale = float(known[idx[-1]])  # the last logged scale (as it was, where no row logs one)
-        return skips, grew_at, interval, own
+        return lo + grown, before[grown]
 
     def _change_points(self, s: np.ndarray, zero: np.ndarray, skips: np.ndarray, lo: int) -> np.ndarray:
         """The first skipped row after the sum was last 0, at every row (the CUSUM's change-point estimate)."""
-        cp = np.where(zero >= 0, np.minimum(zero + 1, lo + len(s) - 1), -1)
         pending = self.cp if self.cp is not None else lo
-        cp = np.where(zero >= 0, cp, pending)
+        cp = np.empty(len(zero), dtype=np.int64)
+        for a in range(0, len(zero), ROWS_AT_ONCE):
+            z = zero[a:a + ROWS_AT_ONCE]
+            cp[a:a + len(z)] = np.where(z >= 0, np.minimum(z + 1, lo + len(s) - 1), pending)
         if s[-1] <= 0.0:
             self.cp = None
         else:
@@ -256,43 +287,26 @@ class ScalerScanner:
         while p < n:
             ep = self.episode
             if ep is None:
-                hits = np.flatnonzero(s[p - base:] > self.cfg.skip_h)
-                if not len(hits):
+                hit = _first(piece > self.cfg.skip_h for piece in _pieces(s, p - base))
+                if hit is None:
                     return float(s[-1])
-                p += int(hits[0])
+                p += hit
                 # A change point never reaches back past a collapse already over by this row: the sum still
                 # carried that one's skips, but a later burst is an incident of its own.
                 floor = max((end + 1 for at, end in self.chain_ends if at <= p), default=0)
                 first, first_lo = self._onset(max(int(cp[p - base]), floor), p, steps)
-                prior = scale[:first]
-                prior = prior[np.isfinite(prior)]
                 ep = self.episode = {"first": first, "first_lo": first_lo, "last_skip": first, "min": math.inf,
-                                     "min_i": first, "before": float(prior[-1]) if len(prior) else math.nan,
-                                     "num_skipped": 0.0}
+                                     "min_i": first, "before": _last_finite(scale, first), "num_skipped": 0.0}
                 self._absorb(ep, first, p, scale)
-            x = scale[p:n]
-            low = np.isfinite(x) & np.isfinite(ep["before"]) & (x < ep["before"] / within)
-            # Or the skipping has been over for ``patience_steps`` with the scale still low: the collapse ended
-            # without the scaler regrowing (it did not recover), and a later burst is an incident of its own.
-            own = self.all_skips.view[p:n]
-            hit = np.where(own > 0, np.arange(p, n), -1)
-            last = np.maximum(np.maximum.accumulate(hit), ep["last_skip"])
-            idle = steps[p:n] - steps[last] > self.cfg.patience_steps
-            done = (s[p - base:] <= 0.0) & (~low | idle)
-            # Or a skip comes after the burst was over by its own rate (clean since its last skip for longer than
-            # that rate allows): this one ended at its last skip, and the skip begins another, judged afresh.
-            before_last = np.concatenate([[ep["last_skip"]], last[:-1]])
-            seen_clean_to = steps[np.maximum(np.arange(p, n) - 1, 0)]  # a coarse row's skips fell since the row before
-            renewed = (own > 0) & burst_over(ep["num_skipped"] + np.cumsum(own) - own, int(steps[ep["first"]]),
-                                             steps[before_last], seen_clean_to, self.cfg.burst_over_risk)
-            ends = np.flatnonzero(done | renewed)
-            if not len(ends):
+            end = self._episode_end(ep, p, n, s[p - base:], steps, scale, within)
+            if end is None:
                 self._absorb(ep, p, n, scale)
                 return float(s[-1])
-            k = int(ends[0])
-            if renewed[k] and not done[k]:
+            k, done, renewed = end
+            low = self._low(ep, scale, within)
+            if renewed and not done:
                 self._absorb(ep, p, p + k, scale)
-                ep["end"], ep["regrown"] = ep["last_skip"], not bool(low[max(k - 1, 0)])
+                ep["end"], ep["regrown"] = ep["last_skip"], not low(p + max(k - 1, 0))
                 self.closed.append(ep)
                 self.episode = None
                 # The chart restarts at that skip: the sum still held the ended burst's nats.
@@ -304,11 +318,53 @@ class ScalerScanner:
                 continue
             stop = p + k
             self._absorb(ep, p, stop, scale)
-            ep["end"], ep["regrown"] = ep["last_skip"], not bool(low[k])
+            ep["end"], ep["regrown"] = ep["last_skip"], not low(p + k)
             self.closed.append(ep)
             self.episode = None
             p = stop + 1
         return float(s[-1])
+
+    def _episode_end(self, ep: dict, p: int, n: int, s: np.ndarray, steps: np.ndarray, scale: np.ndarray,
+                     within: float) -> tuple[int, bool, bool] | None:
+        """(k, done, renewed) at the first row p + k that ends the open episode ``ep`` (``s``: the sums from row
+        p), or None: read in passes of ``ROWS_AT_ONCE`` carrying the last skip and the skips counted, so a
+        collapse that ends within a few rows costs a few rows, not the rest of the segment."""
+        last_skip, counted = ep["last_skip"], 0.0
+        for a in range(p, n, ROWS_AT_ONCE):
+            b = min(n, a + ROWS_AT_ONCE)
+            x = scale[a:b]
+            low = np.isfinite(x) & np.isfinite(ep["before"]) & (x < ep["before"] / within)
+            # Or the skipping has been over for ``patience_steps`` with the scale still low: the collapse ended
+            # without the scaler regrowing (it did not recover), and a later burst is an incident of its own.
+            own = self.all_skips.view[a:b]
+            hit = np.where(own > 0, np.arange(a, b), -1)
+            last = np.maximum(np.maximum.accumulate(hit), last_skip)
+            idle = steps[a:b] - steps[last] > self.cfg.patience_steps
+            done = (s[a - p:b - p] <= 0.0) & (~low | idle)
+            # Or a skip comes after the burst was over by its own rate (clean since its last skip for longer than
+            # that rate allows): this one ended at its last skip, and the skip begins another, judged afresh.
+            before_last = np.concatenate([[last_skip], last[:-1]])
+            seen_clean_to = steps[np.maximum(np.arange(a, b) - 1, 0)]  # a coarse row's skips fell since the row before
+            running = own.copy()  # the skips counted up to each row: one sequential sum across the passes
+            if a > p:
+                running[0] = counted + running[0]
+            running = np.cumsum(running)
+            renewed = (own > 0) & burst_over(ep["num_skipped"] + running - own, int(steps[ep["first"]]),
+                                             steps[before_last], seen_clean_to, self.cfg.burst_over_risk)
+            ends = np.flatnonzero(done | renewed)
+            if len(ends):
+                j = int(ends[0])
+                return a + j - p, bool(done[j]), bool(renewed[j])
+            last_skip, counted = int(last[-1]), float(running[-1])
+        return None
+
+    @staticmethod
+    def _low(ep: dict, scale: np.ndarray, within: float):
+        """Whether row i's scale is still under the episode's scale before by more than 2^``recovered_within``."""
+        def low(i: int) -> bool:
+            x = scale[i]
+            return bool(np.isfinite(x) & np.isfinite(ep["before"]) & (x < ep["before"] / within))
+        return low
 
     def _onset(self, zero_next: int, alarm: int, steps: np.ndarray) -> tuple[int, int]:
         """The maximum-likelihood change point between the CUSUM's last zero and the alarm, and the earliest
@@ -440,6 +496,33 @@ class ScalerScanner:
                        end_step=int(steps[min(end, n - 1)]), peak_step=int(steps[min(ep["min_i"], n - 1)]),
                        segment=self.ctx.segment, severity="critical" if needs else "warning",
                        self_recovered=recovered, needs_action=needs, evidence=evidence, message=message)
+
+
+def _pieces(values: np.ndarray, start: int):
+    """``values[start:]`` in pieces of ``ROWS_AT_ONCE``."""
+    for a in range(start, len(values), ROWS_AT_ONCE):
+        yield values[a:a + ROWS_AT_ONCE]
+
+
+def _first(masks) -> int | None:
+    """Index of the first True across consecutive boolean pieces, or None."""
+    offset = 0
+    for mask in masks:
+        hit = np.flatnonzero(mask)
+        if len(hit):
+            return offset + int(hit[0])
+        offset += len(mask)
+    return None
+
+
+def _last_finite(values: np.ndarray, end: int) -> float:
+    """The last finite value before index ``end`` (NaN without one), read backwards in pieces."""
+    for b in range(end, 0, -ROWS_AT_ONCE):
+        part = values[max(b - ROWS_AT_ONCE, 0):b]
+        ok = np.flatnonzero(np.isfinite(part))
+        if len(ok):
+            return float(part[ok[-1]])
+    return math.nan
 
 
 def _median(values: np.ndarray) -> float:
