@@ -170,10 +170,12 @@ class SpikeScanner:
             b = self._baselines(loss, self.streak, self.streak + 1)
             at = [b[0], b[1], b[2], b[3], self.loss_base.total_scale(self.streak, self.streak + 1),
                   self.grad_base.total_scale(self.streak, self.streak + 1)]
-        inside = elevated & ((starts >= 0) | carried)
+        # The rows inside an excursion take its first row's values (or those carried in): a few rows, set in place
+        # (the columns are this call's own arrays), the values read before any is set.
+        inside = np.flatnonzero(elevated & ((starts >= 0) | carried))
+        first = starts[inside]
         for k, col in enumerate(cols):
-            frozen = np.where(starts >= 0, col[np.maximum(starts, 0)], at[k][0] if carried else np.nan)
-            cols[k] = np.where(inside, frozen, col)
+            col[inside] = np.where(first >= 0, col[np.maximum(first, 0)], at[k][0] if carried else np.nan)
         return (*cols, warm, elevated)
 
     def _scan(self, obs: Observations, n: int) -> None:
