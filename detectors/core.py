@@ -76,11 +76,14 @@ def _middle_deviation(ordered: np.ndarray, centre: np.ndarray) -> np.ndarray:
     split = (ordered < centre[:, None]).sum(axis=1)  # the left run's length
     n_right = width - split
 
+    def at(i: np.ndarray) -> np.ndarray:  # column i of each row, i clipped into the row (np.clip costs ~50 us)
+        return ordered[r, np.minimum(np.maximum(i, 0), width - 1)]
+
     def left(j: np.ndarray) -> np.ndarray:  # j-th smallest deviation below the centre (j < split)
-        return centre - ordered[r, np.clip(split - 1 - j, 0, width - 1)]
+        return centre - at(split - 1 - j)
 
     def right(j: np.ndarray) -> np.ndarray:  # j-th smallest deviation from the centre up (j < n_right)
-        return ordered[r, np.clip(split + j, 0, width - 1)] - centre
+        return at(split + j) - centre
 
     def kth(k: int) -> np.ndarray:
         lo, hi = np.maximum(0, k + 1 - n_right), np.minimum(k + 1, split)
