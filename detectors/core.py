@@ -334,10 +334,10 @@ class BlockBaseline:
         # In pieces of rows (``ENSURE_VALUES``): every value is a function of its own row alone.
         per = max(1, ENSURE_VALUES // max(self.window, self.wander_window))
         parts = [self._baseline_rows(k[a:a + per], series) for a in range(0, len(k), per)]
-        level, scale, total = (np.concatenate(cols) for cols in zip(*parts))
-        self._level.extend(level[rows])
-        self._scale.extend(scale[rows])
-        self._total.extend(total[rows])
+        caches = (self._level,) if self.level_only else (self._level, self._scale, self._total)
+        for cache, cols in zip(caches, zip(*parts)):  # a level-only baseline's scale stays NaN: nothing to keep
+            values = cols[0] if len(cols) == 1 else np.concatenate(cols)
+            cache.extend(values if len(rows) == len(values) else values[rows])  # one row per block: in order
 
     def _baseline_rows(self, k: np.ndarray, series: "_ValidBlocks") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(level, scale, total) from the valid blocks before each of ``k`` (NaN without ``min_blocks``)."""
@@ -348,9 +348,8 @@ class BlockBaseline:
         centre, about = row_median_and_mad(med_w, self.min_blocks) if own else (row_median(med_w, self.min_blocks), None)
         last = med_w[:, -1]
         level = np.where(np.isfinite(last), np.fmin(centre, last), centre) if self.follow_last else centre
-        if self.level_only:
-            nothing = np.full(len(k), np.nan)
-            return np.where(enough, level, np.nan), nothing, nothing
+        if self.level_only:  # its scale and total stay NaN (``_per_obs`` reads NaN past a cache's end)
+            return np.where(enough, level, np.nan), None, None
         spread = MAD_TO_SIGMA * row_median(mad_w, 1)
         # The wander: how far the block medians stray from one another, beyond what the within-block noise
         # of a median of ``block`` observations explains (its standard error is ~1.25 sigma / sqrt(block)).
@@ -500,10 +499,10 @@ class BlockBaseline:
             self._centre.extend(np.zeros(grow))
             self._count.extend(np.zeros(grow, dtype=np.int64))
         starts = np.concatenate([[0], np.arange((first + 1) * self.block, (last + 1) * self.block, self.block) - lo])
-        seg_max = np.maximum.reduceat(np.where(np.isfinite(z), z, -np.inf), starts)
+        finite = np.isfinite(z)
+        seg_max = np.maximum.reduceat(np.where(finite, z, -np.inf), starts)
         view = self._max.view
         view[first:last + 1] = np.fmax(view[first:last + 1], np.where(np.isfinite(seg_max), seg_max, np.nan))
-        finite = np.isfinite(z)
         self._centre.view[first:last + 1] += np.add.reduceat(np.where(finite, np.clip(z, -3.0, 3.0), 0.0), starts)
         self._count.view[first:last + 1] += np.add.reduceat(finite.astype(np.int64), starts)
         done = (lo + len(z)) // self.block  # blocks fully scanned

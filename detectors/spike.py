@@ -183,17 +183,19 @@ class SpikeScanner:
         level, scale, glevel, gscale, total_l, total_g, warm, elevated_all = self._frozen_baselines(loss, lo, n)
         lg = self.log_grad.view
         with np.errstate(invalid="ignore", divide="ignore"):
-            zl = (loss[lo:n] - level) / scale
-            zg = (lg[lo:n] - glevel) / gscale
-            rise_l = (loss[lo:n] - level) / np.abs(level)
+            above = loss[lo:n] - level
             rise_g = lg[lo:n] - glevel
+            zl, zg = above / scale, rise_g / gscale
+            rise_l = above / np.abs(level)
             zl_c, zg_c = nan_low(zl), nan_low(zg)
             loss_cand = (zl_c > cfg.z_trigger) & (rise_l >= cfg.min_rise)
             grad_cand = (zg_c > cfg.z_trigger) & (rise_g >= math.log(cfg.grad_min_ratio))
-            # Cold: a gross loss rise counts only with the gradient norm moving too (when it is logged).
-            cold_ok = ~warm & (~np.isfinite(glevel) | ~np.isfinite(lg[lo:n]) | (rise_g >= math.log(cfg.cold_grad_ratio)))
-            loss_cand &= warm | cold_ok
-            grad_cand &= warm
+            if not warm.all():
+                # Cold: a gross loss rise counts only with the gradient norm moving too (when it is logged).
+                cold_ok = ~warm & (~np.isfinite(glevel) | ~np.isfinite(lg[lo:n])
+                                   | (rise_g >= math.log(cfg.cold_grad_ratio)))
+                loss_cand &= warm | cold_ok
+                grad_cand &= warm
         with np.errstate(invalid="ignore", divide="ignore"):
             z_total = (loss[lo:n] - self._guarded(level, lo, n)) / total_l
         sums = self._cusums(z_total, warm, lo)
@@ -308,8 +310,10 @@ class SpikeScanner:
     def _note_scanned(self, lo: int, hi: int, zl: np.ndarray, zg: np.ndarray, warm: np.ndarray) -> None:
         a = max(self._noted, lo)
         if hi > a:
-            self.loss_base.note_scanned(a, np.where(warm[a - lo:hi - lo], zl[a - lo:hi - lo], np.nan))
-            self.grad_base.note_scanned(a, np.where(warm[a - lo:hi - lo], zg[a - lo:hi - lo], np.nan))
+            w = warm[a - lo:hi - lo]
+            every = w.all()  # then the residuals go in as they are
+            self.loss_base.note_scanned(a, zl[a - lo:hi - lo] if every else np.where(w, zl[a - lo:hi - lo], np.nan))
+            self.grad_base.note_scanned(a, zg[a - lo:hi - lo] if every else np.where(w, zg[a - lo:hi - lo], np.nan))
             self._noted = hi
 
     def _thresholds(self) -> tuple[float, float]:
