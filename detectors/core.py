@@ -70,14 +70,17 @@ def row_median_and_mad(values: np.ndarray, min_finite: int | None = None) -> tup
 def _middle_deviation(ordered: np.ndarray, centre: np.ndarray) -> np.ndarray:
     """Median of |x - centre| of each sorted, all-finite row: the two middle order statistics of the union of
     the runs ``centre - x`` below the centre (read leftwards) and ``x - centre`` from it, each found by a
-    binary search on how many of the smallest come from the left run (the k-th of two sorted arrays)."""
+    binary search on how many of the smallest come from the left run (the k-th of two sorted arrays). Both
+    searches run as one over the rows stacked twice (each row's steps are its own), reading the rows flat."""
     rows, width = ordered.shape
-    r = np.arange(rows)
+    flat = ordered.ravel()
     split = (ordered < centre[:, None]).sum(axis=1)  # the left run's length
+    k = np.repeat(np.array([(width - 1) // 2, width // 2]), rows)  # the order statistic each stacked row asks for
+    base, split, centre = np.tile(np.arange(rows) * width, 2), np.tile(split, 2), np.tile(centre, 2)
     n_right = width - split
 
     def at(i: np.ndarray) -> np.ndarray:  # column i of each row, i clipped into the row (np.clip costs ~50 us)
-        return ordered[r, np.minimum(np.maximum(i, 0), width - 1)]
+        return flat[base + np.minimum(np.maximum(i, 0), width - 1)]
 
     def left(j: np.ndarray) -> np.ndarray:  # j-th smallest deviation below the centre (j < split)
         return centre - at(split - 1 - j)
@@ -85,18 +88,14 @@ def _middle_deviation(ordered: np.ndarray, centre: np.ndarray) -> np.ndarray:
     def right(j: np.ndarray) -> np.ndarray:  # j-th smallest deviation from the centre up (j < n_right)
         return at(split + j) - centre
 
-    def kth(k: int) -> np.ndarray:
-        lo, hi = np.maximum(0, k + 1 - n_right), np.minimum(k + 1, split)
-        while np.any(lo < hi):  # the number a of the k + 1 smallest that lie left of the centre
-            mid = (lo + hi) // 2
-            more = (lo < hi) & (left(mid) < right(k - mid))
-            lo, hi = np.where(more, mid + 1, lo), np.where(more | (lo >= hi), hi, mid)
-        a = lo
-        from_left = np.where(a > 0, left(a - 1), -np.inf)
-        from_right = np.where(k - a >= 0, right(k - a), -np.inf)
-        return np.maximum(from_left, from_right)
-
-    return (kth((width - 1) // 2) + kth(width // 2)) * 0.5
+    lo, hi = np.maximum(0, k + 1 - n_right), np.minimum(k + 1, split)
+    while np.any(lo < hi):  # the number a of the k + 1 smallest that lie left of the centre
+        mid = (lo + hi) // 2
+        more = (lo < hi) & (left(mid) < right(k - mid))
+        lo, hi = np.where(more, mid + 1, lo), np.where(more | (lo >= hi), hi, mid)
+    a = lo
+    kth = np.maximum(np.where(a > 0, left(a - 1), -np.inf), np.where(k - a >= 0, right(k - a), -np.inf))
+    return (kth[:rows] + kth[rows:]) * 0.5
 
 
 def _row_median(values: np.ndarray, min_finite: int | None = None,
