@@ -145,12 +145,30 @@ class SlowdownScanner:
                 "tau_obs": self.cfg.block * (1 + rho_hi) / (1 - rho_hi),
                 "tau_join": self.cfg.block * (1 + rho_lo) / (1 - rho_lo)}
 
-    def _follow(self, n: int) -> None:
-        ep, lo = self.episode, self.pos
+    def _in_band(self, ep: Episode, lo: int, n: int) -> np.ndarray:
+        """Which of observations lo..n-1 are back to normal: under ``min_rise`` slower or within the band."""
         lt = self.log_t.view[lo:n]
         with np.errstate(invalid="ignore"):
-            ok = ((lt - ep.frozen["level"]) < math.log1p(self.cfg.min_rise)) | \
+            return ((lt - ep.frozen["level"]) < math.log1p(self.cfg.min_rise)) | \
                 ((lt - ep.frozen["level"]) / ep.frozen["scale"] <= Z_BAND)
+
+    def _recovered_by(self, n: int) -> int:
+        """The end of the first piece of ``SCAN_CHUNK`` observations from ``pos`` in which the episode's in-band run
+        completes, having begun from ``pos`` on (else ``n``): following it up to there ends it where following it
+        to ``n`` would, without the rows after it."""
+        carry = self.episode.carry
+        for a in range(self.pos, n, SCAN_CHUNK):
+            b = min(n, a + SCAN_CHUNK)
+            start, carry = first_run(self._in_band(self.episode, a, b), RECOVERY_OBS, carry)
+            if start < b - a:
+                return b if a + start >= self.pos else n
+        return n
+
+    def _follow(self, n: int) -> None:
+        ep, lo = self.episode, self.pos
+        n = self._recovered_by(n)
+        lt = self.log_t.view[lo:n]
+        ok = self._in_band(ep, lo, n)
         start, ep.carry = first_run(ok, RECOVERY_OBS, ep.carry)
         upto = min(start, len(ok))
         slow = np.flatnonzero(~ok[:upto] & np.isfinite(lt[:upto]))
