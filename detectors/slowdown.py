@@ -37,6 +37,8 @@ from runwatch.detectors.scanner import Observations, ScanContext
 
 SCAN_CHUNK = 32768
 """Observations scanned per pass (any chunking gives the same findings)."""
+FOLLOW_PIECE = SCAN_CHUNK
+"""Observations an episode's recovery is looked for in at a time (any size follows it to the same end)."""
 Z_BAND = 3.0
 """Back within 3 sigmas of the run's own variability (or under ``min_rise``) is back to normal."""
 RECOVERY_OBS = 2
@@ -153,12 +155,12 @@ class SlowdownScanner:
                 ((lt - ep.frozen["level"]) / ep.frozen["scale"] <= Z_BAND)
 
     def _recovered_by(self, n: int) -> int:
-        """The end of the first piece of ``SCAN_CHUNK`` observations from ``pos`` in which the episode's in-band run
+        """The end of the first piece of ``FOLLOW_PIECE`` observations from ``pos`` in which the episode's in-band run
         completes, having begun from ``pos`` on (else ``n``): following it up to there ends it where following it
         to ``n`` would, without the rows after it."""
         carry = self.episode.carry
-        for a in range(self.pos, n, SCAN_CHUNK):
-            b = min(n, a + SCAN_CHUNK)
+        for a in range(self.pos, n, FOLLOW_PIECE):
+            b = min(n, a + FOLLOW_PIECE)
             start, carry = first_run(self._in_band(self.episode, a, b), RECOVERY_OBS, carry)
             if start < b - a:
                 return b if a + start >= self.pos else n
