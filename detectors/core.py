@@ -450,7 +450,14 @@ class BlockBaseline:
         # Only blocks whose predecessors are all complete have a baseline (a later call must not find a value
         # cached before its history was there: streaming would then differ from offline).
         first, last = lo // self.block, (hi - 1) // self.block
-        self._ensure(min(last, self.med.size) if first <= self.med.size else -1)
+        if first > self.med.size or last < self._level.size:
+            self._ensure(-1 if first > self.med.size else min(last, self.med.size))
+            return
+        # Computed ahead, up to AHEAD_OBS observations past the cache: a scanner that reads a few observations at
+        # a time (after an episode) asks once, not each time. A block's baseline depends only on the complete
+        # blocks before it and the exclusions, and an exclusion drops every later block's (``exclude``), so one
+        # computed early is the one computed late.
+        self._ensure(min(max(last, self._level.size + AHEAD_OBS // self.block), self.med.size))
 
     def total_scale(self, lo: int, hi: int) -> np.ndarray:
         """The scale with the between-block wander added in quadrature, for observations lo..hi-1 (after ``at``)."""
@@ -556,6 +563,9 @@ class BlockBaseline:
             cache.truncate(first + 1)
 
 
+AHEAD_OBS = 1 << 15
+"""Observations a baseline computes past what it is asked for (``_ensure_obs``): a spike scan after an episode
+reads 1024, 2048, ... observations at a time."""
 ENSURE_VALUES = 1 << 19
 """Window values (4 MiB of float64) a baseline computes at a time: the windows' copies, sorts and deviations of a
 long segment read whole (250k windows of 16, 62k of 64: tens of MB each) are reused pieces that stay in cache
