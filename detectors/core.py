@@ -468,11 +468,14 @@ class BlockBaseline:
         if hi <= lo:
             return np.empty(0)
         first, last = lo // self.block, (hi - 1) // self.block
-        per_block = np.full(last + 1 - first, np.nan)
         have = min(last + 1, limit, cache.size) - first
-        if have > 0:
-            per_block[:have] = cache.view[first:first + have]
-        return np.repeat(per_block, self.block)[lo - first * self.block:hi - first * self.block]
+        if have == last + 1 - first:  # every block known: straight from the cache
+            per_block = cache.view[first:last + 1]
+        else:
+            per_block = np.full(last + 1 - first, np.nan)
+            if have > 0:
+                per_block[:have] = cache.view[first:first + have]
+        return np.repeat(per_block, self.block)[lo - first * self.block:hi - first * self.block]  # a new array
 
     def slope(self, i: int, decreasing: bool = True) -> tuple[float, float, float]:
         """(slope per unit coordinate, coordinate span, floor) of the trend at observation i's block.
@@ -504,30 +507,36 @@ class BlockBaseline:
             self._in_tail.extend(np.zeros(grow, dtype=bool))
             self._centre.extend(np.zeros(grow))
             self._count.extend(np.zeros(grow, dtype=np.int64))
-        starts = np.concatenate([[0], np.arange((first + 1) * self.block, (last + 1) * self.block, self.block) - lo])
+        starts = np.arange(first * self.block, (last + 1) * self.block, self.block) - lo
+        starts[0] = 0  # each block's first residual in z
         finite = np.isfinite(z)
-        seg_max = np.maximum.reduceat(np.where(finite, z, -np.inf), starts)
         view = self._max.view
-        view[first:last + 1] = np.fmax(view[first:last + 1], np.where(np.isfinite(seg_max), seg_max, np.nan))
-        self._centre.view[first:last + 1] += np.add.reduceat(np.where(finite, np.clip(z, -3.0, 3.0), 0.0), starts)
-        self._count.view[first:last + 1] += np.add.reduceat(finite.astype(np.int64), starts)
-        done = (lo + len(z)) // self.block  # blocks fully scanned
-        bs = np.arange(first, min(done, last + 1))
-        if not len(bs):
+        if finite.all():  # the usual pass: no NaN to keep out of the maxima, the sums and the counts
+            view[first:last + 1] = np.fmax(view[first:last + 1], np.maximum.reduceat(z, starts))
+            self._centre.view[first:last + 1] += np.add.reduceat(np.clip(z, -3.0, 3.0), starts)
+            self._count.view[first:last + 1] += np.diff(starts, append=len(z))
+        else:
+            seg_max = np.maximum.reduceat(np.where(finite, z, -np.inf), starts)
+            view[first:last + 1] = np.fmax(view[first:last + 1], np.where(np.isfinite(seg_max), seg_max, np.nan))
+            self._centre.view[first:last + 1] += np.add.reduceat(np.where(finite, np.clip(z, -3.0, 3.0), 0.0),
+                                                                 starts)
+            self._count.view[first:last + 1] += np.add.reduceat(finite.astype(np.int64), starts)
+        stop = min((lo + len(z)) // self.block, last + 1)  # blocks from ``first`` to ``stop`` are fully scanned
+        if stop <= first:
             return
-        has_base = bs < self._level.size
-        level = np.where(has_base, self._level.view[np.minimum(bs, max(self._level.size - 1, 0))], np.nan) \
-            if self._level.size else np.full(len(bs), np.nan)
+        known = max(min(stop, self._level.size) - first, 0)  # of those, the blocks the baseline fitted
+        has_level = np.zeros(stop - first, dtype=bool)
+        has_level[:known] = np.isfinite(self._level.view[first:first + known])
         # Only blocks the baseline fitted (their clipped mean residual within one sigma of 0) inform the tail:
         # a level lagging a fast fall leaves whole blocks below it, which says nothing about the upper tail.
-        centred = np.abs(self._centre.view[bs] / np.maximum(self._count.view[bs], 1)) <= 1.0
-        ok = (~self._in_tail.view[bs] & ~self.excluded.view[bs] & np.isfinite(view[bs]) & np.isfinite(level)
-              & centred)
-        q = _quantize(view[bs[ok]])
+        centred = np.abs(self._centre.view[first:stop] / np.maximum(self._count.view[first:stop], 1)) <= 1.0
+        ok = (~self._in_tail.view[first:stop] & ~self.excluded.view[first:stop] & np.isfinite(view[first:stop])
+              & has_level & centred)
+        q = _quantize(view[first:stop][ok])
         self._tail[0] += int(q.sum())
         self._tail[1] += int((q * q).sum())
         self._tail[2] += int(ok.sum())
-        self._in_tail.view[bs[ok]] = True
+        self._in_tail.view[first:stop][ok] = True
 
     def _add_tail(self, b: int, sign: int) -> None:
         q = int(_quantize(self._max.view[b:b + 1])[0])
