@@ -109,8 +109,14 @@ class SegmentDetectors:
         # step: its inf gradient norm is not a NaN incident and its time is not a normal step time.
         scale = new["loss_scale"]
         known = np.concatenate([[self.prev_scale], scale])
-        idx = np.maximum.accumulate(np.where(np.isfinite(known), np.arange(len(known)), 0))
-        last_logged = known[idx]  # the last logged scale up to each row (forward fill)
+        logged = np.isfinite(scale)
+        if logged.all():  # every row logs it (fp16): nothing to fill
+            last_logged = known
+        elif not logged.any():  # none does (bf16, fp32): the scale before these rows throughout
+            last_logged = np.full(len(known), known[0])
+        else:
+            idx = np.maximum.accumulate(np.where(np.isfinite(known), np.arange(len(known)), 0))
+            last_logged = known[idx]  # the last logged scale up to each row (forward fill)
         with np.errstate(invalid="ignore"):
             skip = new["found_inf"] | (scale < last_logged[:-1])
         self.prev_scale = float(last_logged[-1])
