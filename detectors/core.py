@@ -188,10 +188,17 @@ def nan_low(values: np.ndarray) -> np.ndarray:
 
 
 def safe_log(values: np.ndarray) -> np.ndarray:
-    """log of the positive finite values; NaN elsewhere (a zero or NaN grad norm is not a ratio)."""
+    """log of the positive finite values; NaN elsewhere (a zero or NaN grad norm is not a ratio). In pieces of
+    UPDATE_VALUES, the usual all-positive piece without a gather: numpy's log gives a value the same bits
+    wherever it sits in the array (its SIMD lanes are alike; checked here for log, log1p, log2 and exp)."""
     out = np.full(len(values), np.nan)
-    ok = np.isfinite(values) & (values > 0)
-    out[ok] = np.log(values[ok])
+    for a in range(0, len(values), UPDATE_VALUES):
+        part = values[a:a + UPDATE_VALUES]
+        ok = np.isfinite(part) & (part > 0)
+        if ok.all():
+            np.log(part, out=out[a:a + len(part)])
+        else:
+            out[a:a + len(part)][ok] = np.log(part[ok])
     return out
 
 
@@ -450,6 +457,17 @@ class BlockBaseline:
             return np.empty(0)
         self._ensure_obs(lo, hi)
         return self._per_obs(self._scale, lo, hi, self.med.size + 1)
+
+    def scale_of_blocks(self, first: int, last: int) -> np.ndarray:
+        """``at(first * block, last * block)[1][::block]``: the scale of blocks first..last-1, one value a block."""
+        if last <= first:
+            return np.empty(0)
+        self._ensure_obs(first * self.block, last * self.block)
+        out = np.full(last - first, np.nan)
+        have = min(last, self.med.size + 1, self._scale.size) - first
+        if have > 0:
+            out[:have] = self._scale.view[first:first + have]
+        return out
 
     def _ensure_obs(self, lo: int, hi: int) -> None:
         # Only blocks whose predecessors are all complete have a baseline (a later call must not find a value

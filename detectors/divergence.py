@@ -628,8 +628,8 @@ class DivergenceScanner:
         # spread shrinks with its level, so a block selected for its low median has a low MAD as well: a batch-1
         # run whose block medians wander 0.2-4 (fresh seed 645321's run 140: one block at 0.16 with a MAD of 0.17
         # among blocks with 1.3) would judge its return to its usual level in the calm block's noise.
-        _, scale = self.blocks.at(self.done * self.block, len(med) * self.block)
-        self.noise.extend(np.fmax(MAD_TO_SIGMA * mad[self.done:], scale[::self.block]))
+        scale = self.blocks.scale_of_blocks(self.done, len(med))
+        self.noise.extend(np.fmax(MAD_TO_SIGMA * mad[self.done:], scale))
         b = self.done
         while b < len(med):
             if self.episode is None and self.best is not None:

@@ -110,7 +110,8 @@ class SpikeScanner:
         if n <= self.pos:
             return
         self.log_grad.extend(safe_log(obs["grad_norm"][self.log_grad.size:n]))
-        self.coord.extend(np.log1p(np.maximum(obs["step"][self.coord.size:n], 0)).astype(np.float64))
+        for a in range(self.coord.size, n, SCAN_CHUNK):  # in pieces: a 1M-step segment's temporaries stay small
+            self.coord.extend(np.log1p(np.maximum(obs["step"][a:min(n, a + SCAN_CHUNK)], 0)).astype(np.float64))
         self.loss_base.update(loss, self.coord.view)
         self.grad_base.update(self.log_grad.view, self.coord.view)
         self.loss_level.update(loss)
