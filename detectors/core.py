@@ -676,27 +676,30 @@ CUSUM_ROWS = 1 << 16
 """Increments ``cusum`` sums at a time (a scaler's 1M rows read whole are summed in pieces)."""
 
 
-def cusum(inc: np.ndarray, s0: float, zero0: int, offset: int) -> tuple[np.ndarray, np.ndarray]:
+def cusum(inc: np.ndarray, s0: float, zero0: int, offset: int,
+          with_zero: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
     """One-sided CUSUM over increments ``inc`` (r_t - k), starting from S = ``s0``.
 
     Returns S for each increment and the change-point estimate at each: the
     index (``offset``-based) of the last observation where S was 0, ``zero0``
     when it has not been 0 in this chunk. Closed form of the Lindley recursion
     S_t = max(0, S_{t-1} + inc_t): S_t = C_t - min(0, min_{j<=t} C_j) with C the
-    running sum from ``s0``.
+    running sum from ``s0``. Without ``with_zero`` only S (None for the change points).
     """
     if not len(inc):
-        return np.empty(0), np.empty(0, dtype=np.int64)
+        return np.empty(0), (np.empty(0, dtype=np.int64) if with_zero else None)
     if len(inc) <= CUSUM_ROWS:
         c = s0 + np.cumsum(inc)
         s = c - np.minimum.accumulate(np.minimum(c, 0.0))
+        if not with_zero:
+            return s, None
         at_zero = np.where(s <= 0.0, np.arange(len(inc)) + offset, -1)
         last_zero = np.maximum.accumulate(at_zero)
         return s, np.where(last_zero < 0, zero0, last_zero)
     # A long series in pieces, each carrying on the running sum, minimum and last zero of the one before: the
     # same sequential sums (a piece's first increment is added to the sum so far, as cumsum adds it), and exact
     # minima and maxima, with a piece's temporaries in cache instead of a dozen fresh arrays of the whole length.
-    s, zero = np.empty(len(inc)), np.empty(len(inc), dtype=np.int64)
+    s, zero = np.empty(len(inc)), (np.empty(len(inc), dtype=np.int64) if with_zero else None)
     total, low, last = 0.0, 0.0, -1
     for a in range(0, len(inc), CUSUM_ROWS):
         part = inc[a:a + CUSUM_ROWS].copy()
@@ -710,6 +713,8 @@ def cusum(inc: np.ndarray, s0: float, zero0: int, offset: int) -> tuple[np.ndarr
             np.minimum(floor, low, out=floor)
         low = float(floor[-1])
         part_s = np.subtract(c, floor, out=s[a:a + len(c)])
+        if not with_zero:
+            continue
         at_zero = np.where(part_s <= 0.0, np.arange(a, a + len(c)) + offset, -1)
         last_zero = np.maximum(np.maximum.accumulate(at_zero), last)
         last = int(last_zero[-1])

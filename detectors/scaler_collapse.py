@@ -88,8 +88,8 @@ class ScalerScanner:
         self.intervals.extend(interval, share=True)
         self._chains(lo, n, steps, scale)
         inc = self._increments(lo, n, steps, skips, interval, grew_at)
-        s, zero = cusum(inc, self.s, -1, lo)
-        cp = self._change_points(s, zero, skips, lo)
+        s = cusum(inc, self.s, -1, lo, with_zero=False)[0]
+        cp = self._change_points(s, -1, lo)
         self.s = self._episodes(lo, n, s, cp, inc, steps, scale)
         self.prev_step, self.pos = int(steps[n - 1]), n
 
@@ -103,8 +103,10 @@ class ScalerScanner:
             b = min(n, a + ROWS_AT_ONCE)
             prev = steps[a - 1:b - 1] if a > lo else np.concatenate([[first], steps[lo:b - 1]])
             span = np.maximum(steps[a:b] - prev, 1)
-            sk = skips[a - lo:b - lo]
-            p0, p1 = rates(interval[a - lo:b - lo], self.cfg, not self.learn_interval)
+            sk, iv = skips[a - lo:b - lo], interval[a - lo:b - lo]
+            if iv.min() == iv.max():  # one growth interval over the piece (the usual case): its two logs once
+                iv = iv[:1]  # a value's log is the same bits alone or among others (numpy's SIMD lanes are alike)
+            p0, p1 = rates(iv, self.cfg, not self.learn_interval)
             part = sk * np.log(p1 / p0) + (span - sk) * np.log((1 - p1) / (1 - p0))
             # A skip seen on a row happened somewhere since the row before: calibration when that interval began
             # in the opening steps (a log written every 100 steps shows the opening halvings at step 100).
@@ -127,8 +129,12 @@ class ScalerScanner:
             prev[0] = self.cfg.floor
         with np.errstate(invalid="ignore"):
             changed = np.flatnonzero((vals != prev) & np.isfinite(prev))
-        for k in changed.tolist():
-            i, before, now = int(rows[k]), float(prev[k]), float(vals[k])
+        # The changed rows' values as Python numbers at once (the loop reads each several times).
+        at_rows = rows[changed]
+        at_steps = steps[at_rows].tolist()
+        steps_before = steps[rows[np.maximum(changed - 1, 0)]].tolist()  # the logged row before each
+        for k, i, before, now, step_i, step_before in zip(changed.tolist(), at_rows.tolist(), prev[changed].tolist(),
+                                                          vals[changed].tolist(), at_steps, steps_before):
             ch = self.chain
             if now > before:  # growth ends a chain (a burst that regrew near its start is over)
                 self.chain_grew = True
@@ -141,12 +147,11 @@ class ScalerScanner:
                 elif ch is not None:
                     self.chain = None
                 continue
-            since = int(steps[rows[k - 1]]) if k > 0 else (self.chain_prev_step if self.chain_prev_step is not None
-                                                             else int(steps[i]))
+            since = step_before if k > 0 else (self.chain_prev_step if self.chain_prev_step is not None else step_i)
             if ch is not None and ch["calibration"] and since >= self.cfg.calibration_steps:
                 ch = self.chain = None  # the opening calibration is over: a later halving starts a chain of its own
             idle = ch is not None and (
-                int(steps[i]) - int(steps[ch["last_skip"]]) > self.cfg.patience_steps
+                step_i - int(steps[ch["last_skip"]]) > self.cfg.patience_steps
                 or burst_over(ch["num_skipped"], int(steps[ch["first"]]), int(steps[ch["last_skip"]]), since,
                               self.cfg.burst_over_risk))
             if idle and "alarm" in ch:
@@ -164,12 +169,12 @@ class ScalerScanner:
             ch["last_skip"] = i
             skipped = max(round(math.log2(before / now)), 1) if now > 0 and before > 0 else 1
             ch["drops"].append((since, skipped))
-            self.drop_step.append(int(steps[i]))
+            self.drop_step.append(step_i)
             self.drop_scale.append(before)
             # The depth counts from the scale it usually overflows at; the recovery aims at the scale before.
             ch["halvings"] = math.log2(ch["ref"] / now) if now > 0 and ch["ref"] > 0 else math.inf
             if "alarm" not in ch and ch["halvings"] >= self.cfg.min_halvings and not ch["calibration"] \
-                    and self._faster_than_healthy(ch, int(steps[i]), float(self.intervals.view[i])):
+                    and self._faster_than_healthy(ch, step_i, float(self.intervals.view[i])):
                 ch["alarm"] = i
                 # The scale a row logs is the one its step ran with: the first decrease shows the halving of the
                 # skip flagged on the row before it. A burst of flagged skips running into it began at its first.
@@ -249,10 +254,15 @@ class ScalerScanner:
         idx = np.maximum.accumulate(np.where(np.isfinite(known), np.arange(len(known)), 0))
         before = known[idx][:-1]  # the last logged scale before each row
         with np.errstate(invalid="ignore", divide="ignore"):
-            ratio = np.where((scale > 0) & (before > 0), before / np.where(scale > 0, scale, 1.0), 2.0)
-            halvings = np.where(np.isfinite(scale) & np.isfinite(before) & (scale < before),
-                                np.clip(np.round(np.log2(ratio)), 1.0, 1e6), 0.0)
-            grown = np.flatnonzero(np.isfinite(scale) & np.isfinite(before) & (scale > before) & (before > 0))
+            logged = np.isfinite(scale) & np.isfinite(before)
+            # Halvings where the scale fell (a few rows in thousands): the ratio's log2 there alone.
+            fell = np.flatnonzero(logged & (scale < before))
+            halvings = np.zeros(len(scale))
+            if len(fell):
+                now, then = scale[fell], before[fell]
+                ratio = np.where((now > 0) & (then > 0), then / np.where(now > 0, now, 1.0), 2.0)
+                halvings[fell] = np.clip(np.round(np.log2(ratio)), 1.0, 1e6)
+            grown = np.flatnonzero(logged & (scale > before) & (before > 0))
         flagged = obs["found_inf_present"][lo:n]
         flag = np.where(flagged, obs["found_inf"][lo:n].astype(np.float64), 0.0)
         # The flag says whether the logged step itself was skipped; the halvings since the row before count the
@@ -266,20 +276,23 @@ class ScalerScanner:
         self.prev_scale = float(known[idx[-1]])  # the last logged scale (as it was, where no row logs one)
         return lo + grown, before[grown]
 
-    def _change_points(self, s: np.ndarray, zero: np.ndarray, skips: np.ndarray, lo: int) -> np.ndarray:
-        """The first skipped row after the sum was last 0, at every row (the CUSUM's change-point estimate)."""
+    def _change_points(self, s: np.ndarray, zero0: int, lo: int):
+        """The CUSUM's change-point estimate at a row (index into ``s``, the sums of rows lo..): the first skipped
+        row after the sum was last 0, ``cusum``'s last zero (``zero0`` before any) plus one. A function, not an
+        array of every row: the episodes ask for it at an alarm, a few times a segment, so the last zero is
+        looked for back from that row."""
         pending = self.cp if self.cp is not None else lo
-        cp = np.empty(len(zero), dtype=np.int64)
-        for a in range(0, len(zero), ROWS_AT_ONCE):
-            z = zero[a:a + ROWS_AT_ONCE]
-            cp[a:a + len(z)] = np.where(z >= 0, np.minimum(z + 1, lo + len(s) - 1), pending)
-        if s[-1] <= 0.0:
-            self.cp = None
-        else:
-            self.cp = int(cp[-1])
-        return cp
+        end = lo + len(s) - 1
 
-    def _episodes(self, lo: int, n: int, s: np.ndarray, cp: np.ndarray, inc: np.ndarray, steps: np.ndarray,
+        def at(j: int) -> int:
+            last = _last_at_or_below_zero(s, j + 1)
+            zero = lo + last if last is not None else zero0
+            return min(zero + 1, end) if zero >= 0 else pending
+
+        self.cp = None if s[-1] <= 0.0 else at(len(s) - 1)
+        return at
+
+    def _episodes(self, lo: int, n: int, s: np.ndarray, cp, inc: np.ndarray, steps: np.ndarray,
                   scale: np.ndarray) -> float:
         """Open, follow and close skip-burst episodes over rows lo..n-1; the CUSUM's sum after the last row (a
         skip after a burst over by its own rate restarts it at 0 there)."""
@@ -294,7 +307,7 @@ class ScalerScanner:
                 # A change point never reaches back past a collapse already over by this row: the sum still
                 # carried that one's skips, but a later burst is an incident of its own.
                 floor = max((end + 1 for at, end in self.chain_ends if at <= p), default=0)
-                first, first_lo = self._onset(max(int(cp[p - base]), floor), p, steps)
+                first, first_lo = self._onset(max(cp(p - base), floor), p, steps)
                 ep = self.episode = {"first": first, "first_lo": first_lo, "last_skip": first, "min": math.inf,
                                      "min_i": first, "before": _last_finite(scale, first), "num_skipped": 0.0}
                 self._absorb(ep, first, p, scale)
@@ -311,9 +324,9 @@ class ScalerScanner:
                 self.episode = None
                 # The chart restarts at that skip: the sum still held the ended burst's nats.
                 r = p + k
-                s, zero = cusum(inc[r - lo:], 0.0, r - 1, r)
+                s = cusum(inc[r - lo:], 0.0, r - 1, r, with_zero=False)[0]
                 self.cp = None
-                cp = self._change_points(s, zero, self.all_skips.view[r:n], r)
+                cp = self._change_points(s, r - 1, r)
                 p = base = r
                 continue
             stop = p + k
@@ -512,6 +525,17 @@ def _first(masks) -> int | None:
         if len(hit):
             return offset + int(hit[0])
         offset += len(mask)
+    return None
+
+
+def _last_at_or_below_zero(sums: np.ndarray, end: int) -> int | None:
+    """Index of the last sum <= 0 before ``end`` (None without one), read backwards in pieces: a CUSUM rests at 0
+    most of the time, so it is usually in the first."""
+    for b in range(end, 0, -ROWS_AT_ONCE):
+        a = max(b - ROWS_AT_ONCE, 0)
+        hit = np.flatnonzero(sums[a:b] <= 0.0)
+        if len(hit):
+            return a + int(hit[-1])
     return None
 
 
