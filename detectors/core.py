@@ -595,9 +595,11 @@ class BlockBaseline:
             cache.truncate(first + 1)
 
 
-UPDATE_VALUES = 1 << 14
-"""Observations ``update`` turns into block statistics at a time (128 KiB of float64: the fastest of 2^14, 2^16
-and 2^19 for the 1M-row benchmark run's stall and spike baselines on this machine)."""
+UPDATE_VALUES = 1 << 20
+"""Observations ``update`` turns into block statistics (and ``safe_log`` takes logs) at a time: a bound on their
+temporaries for segments longer than the benchmark's 1M rows. Much smaller pieces cost more than they save when
+the scanners run side by side: every numpy call hands the GIL over (2^14: analyze() on 2 threads 0.60-0.63 s
+against 0.53 s whole, bench/detector_speed.py's run on this machine)."""
 AHEAD_OBS = 1 << 15
 """Observations a baseline computes past what it is asked for (``_ensure_obs``): a spike scan after an episode
 reads 1024, 2048, ... observations at a time."""
@@ -672,8 +674,8 @@ class _ValidBlocks:
         return self._finite[starts + width] - self._finite[starts]
 
 
-CUSUM_ROWS = 1 << 16
-"""Increments ``cusum`` sums at a time (a scaler's 1M rows read whole are summed in pieces)."""
+CUSUM_ROWS = 1 << 18
+"""Increments ``cusum`` sums at a time (a scaler's 1M rows read whole are summed in 4 pieces of 2 MB)."""
 
 
 def cusum(inc: np.ndarray, s0: float, zero0: int, offset: int,
