@@ -695,7 +695,7 @@ def cusum(inc: np.ndarray, s0: float, zero0: int, offset: int,
         s = c - np.minimum.accumulate(np.minimum(c, 0.0))
         if not with_zero:
             return s, None
-        at_zero = np.where(s <= 0.0, np.arange(len(inc)) + offset, -1)
+        at_zero = np.where(s <= 0.0, np.arange(offset, offset + len(inc)), -1)
         last_zero = np.maximum.accumulate(at_zero)
         return s, np.where(last_zero < 0, zero0, last_zero)
     # A long series in pieces, each carrying on the running sum, minimum and last zero of the one before: the

@@ -154,12 +154,13 @@ class SpikeScanner:
         level, scale, glevel, gscale, warm = self._baselines(loss, lo, n)
         total_l, total_g = self.loss_base.total_scale(lo, n), self.grad_base.total_scale(lo, n)
         cols = [level, scale, glevel, gscale, total_l, total_g]
+        all_warm = bool(warm.all())
         with np.errstate(invalid="ignore", divide="ignore"):  # each residual over its own scale, warm or cold
-            ext_l = (loss[lo:n] - level) / np.where(warm, total_l, scale)
-            ext_g = (self.log_grad.view[lo:n] - glevel) / np.where(warm, total_g, gscale)
+            ext_l = (loss[lo:n] - level) / (total_l if all_warm else np.where(warm, total_l, scale))
+            ext_g = (self.log_grad.view[lo:n] - glevel) / (total_g if all_warm else np.where(warm, total_g, gscale))
         # Cold (no noise model yet) the gradient norm is out of band only past a gross rise (the trigger's): a
         # warm-up's norms climb past a cold scale's band and would carry the onset back through the climb.
-        band_g = np.where(warm, self.cfg.z_band, self.cfg.z_trigger)
+        band_g = self.cfg.z_band if all_warm else np.where(warm, self.cfg.z_band, self.cfg.z_trigger)
         elevated = (ext_l > self.cfg.z_band) | (ext_g > band_g)  # a NaN residual is not elevated
         if not elevated.any():
             return (*cols, warm, elevated)
@@ -188,7 +189,8 @@ class SpikeScanner:
             rise_g = lg[lo:n] - glevel
             zl, zg = above / scale, rise_g / gscale
             rise_l = above / np.abs(level)
-            zl_c, zg_c = nan_low(zl), nan_low(zg)
+            # The residuals with NaN as -inf (and +-inf finite); as they are when all are finite (the usual scan).
+            zl_c, zg_c = (z if np.isfinite(z).all() else nan_low(z) for z in (zl, zg))
             loss_cand = (zl_c > cfg.z_trigger) & (rise_l >= cfg.min_rise)
             grad_cand = (zg_c > cfg.z_trigger) & (rise_g >= math.log(cfg.grad_min_ratio))
             if not warm.all():
@@ -284,8 +286,11 @@ class SpikeScanner:
         start = max(lo - g, 0)
         if g <= 0 or n - g <= start:
             return level
-        earlier = np.full(n - lo, np.nan)
-        earlier[start + g - lo:] = self.loss_level.level_at(start, n - g)
+        if start + g == lo:  # the guard's rows all lie in the segment: the level g rows back, row for row
+            earlier = self.loss_level.level_at(start, n - g)
+        else:
+            earlier = np.full(n - lo, np.nan)
+            earlier[start + g - lo:] = self.loss_level.level_at(start, n - g)
         return np.where(np.isfinite(earlier), np.fmin(level, earlier), level)
 
     def _cusums(self, zl: np.ndarray, warm: np.ndarray, lo: int) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -293,7 +298,8 @@ class SpikeScanner:
         included (a sustained shift must stand out from how far the level wanders by itself); it rests at 0
         without a baseline. The members differ only in their reference value: the clipped residuals and the runs
         of warm observations are found once for all of them."""
-        clipped = np.where(np.isfinite(zl), np.minimum(zl, self.winsor), 0.0)
+        finite = np.isfinite(zl)
+        clipped = np.minimum(zl, self.winsor) if finite.all() else np.where(finite, np.minimum(zl, self.winsor), 0.0)
         if warm.all():  # one run from the first observation: the sums carry on from the last pass
             return [cusum(clipped - k, self.s[c], self.zero[c], lo) for c, (k, _, _) in enumerate(self.bank)]
         bounds = np.flatnonzero(np.diff(np.concatenate([[0], warm.astype(np.int8), [0]])))
