@@ -45,26 +45,48 @@ def on_main_line(steps: np.ndarray, segment: int, infos: list[SegmentInfo]) -> n
     return np.ones(len(steps), dtype=bool) if cut is None else steps < cut
 
 
-def columns(table: pa.Table) -> dict[str, np.ndarray]:
-    """Plain arrays for the detectors: ``step`` (int64), floats with NaN for null, ``<name>_present`` masks, ``found_inf``."""
-    out: dict[str, np.ndarray] = {"step": table["step"].to_numpy(zero_copy_only=False).astype(np.int64)}
+def columns(table: pa.Table, shared: bool = False) -> dict[str, np.ndarray]:
+    """Plain arrays for the detectors: ``step`` (int64), floats with NaN for null, ``<name>_present`` masks, ``found_inf``.
+
+    With ``shared`` the arrays are read-only and need not be copies: a column without nulls is Arrow's own
+    buffer where it can be, and one all-true mask, one NaN column and one all-false mask stand for every column
+    that has them (``analyze`` reads them and never writes: 10 fresh 1M-row arrays fewer)."""
     n = table.num_rows
+    step = table["step"].to_numpy(zero_copy_only=False)
+    out: dict[str, np.ndarray] = {"step": np.asarray(step, dtype=np.int64) if shared else step.astype(np.int64)}
+    cache: dict[str, np.ndarray] = {}
+
+    def constant(kind: str) -> np.ndarray:  # a fresh array, or with ``shared`` one read-only array per kind
+        if shared and kind in cache:
+            return cache[kind]
+        arr = np.ones(n, dtype=bool) if kind == "true" else np.zeros(n, dtype=bool) if kind == "false" \
+            else np.full(n, np.nan)
+        if shared:
+            arr.flags.writeable = False
+            cache[kind] = arr
+        return arr
+
     for name in FLOAT_COLUMNS:
         if name in table.column_names:
             col = table[name]
             values = pc.cast(col, pa.float64()).to_numpy(zero_copy_only=False)
-            if col.null_count == 0:  # the common case: one copy (writable, as the arrays below), no mask pass
-                out[name + "_present"], out[name] = np.ones(n, dtype=bool), np.array(values, dtype=np.float64)
+            if col.null_count == 0:  # the common case: one copy at most, no mask pass
+                out[name + "_present"] = constant("true")
+                out[name] = np.asarray(values, dtype=np.float64) if shared else np.array(values, dtype=np.float64)
                 continue
             out[name + "_present"] = pc.is_valid(col).to_numpy(zero_copy_only=False)
             out[name] = np.where(out[name + "_present"], values.astype(np.float64), np.nan)
         else:
-            out[name], out[name + "_present"] = np.full(n, np.nan), np.zeros(n, dtype=bool)
+            out[name], out[name + "_present"] = constant("nan"), constant("false")
     if "found_inf" in table.column_names:
         out["found_inf_present"] = pc.is_valid(table["found_inf"]).to_numpy(zero_copy_only=False).astype(bool)
         out["found_inf"] = pc.fill_null(table["found_inf"], False).to_numpy(zero_copy_only=False).astype(bool)
     else:
-        out["found_inf"], out["found_inf_present"] = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
+        out["found_inf"], out["found_inf_present"] = constant("false"), constant("false")
+    if shared:
+        for arr in out.values():
+            if arr.flags.writeable:
+                arr.flags.writeable = False
     return out
 
 
@@ -102,7 +124,7 @@ def read_rows(rows: pa.Table, resume_steps: dict[int, int] | None = None) \
     if rows.num_rows == 0:
         return {}, [], main_line(rows)
     table, spans, ordered = _segment_spans(rows)
-    cols = {k: columns(table.slice(a, b - a)) for k, a, b in spans}
+    cols = {k: columns(table.slice(a, b - a), shared=True) for k, a, b in spans}
     infos = infos_from_ranges({k: int(c["step"][0]) for k, c in cols.items()},
                               {k: int(c["step"][-1]) for k, c in cols.items()}, resume_steps)
     if not ordered:
