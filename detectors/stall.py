@@ -81,14 +81,17 @@ class StallScanner:
         k = steps[lo:n] - steps[lo - 1:n - 1]
         allowed = allowance[lo:n]
         unknown = np.isnan(allowed)  # a checkpoint of unknown write time: only the whole-interval ratio
-        excess = times[lo:n] - times[lo - 1:n - 1] - np.where(unknown, 0.0, allowed) - base * k
+        known = np.where(unknown, 0.0, allowed) if unknown.any() else allowed
+        excess = times[lo:n] - times[lo - 1:n - 1] - known - base * k
         with np.errstate(invalid="ignore", divide="ignore"):
-            stalled = ((excess > (cfg.ratio - 1) * base) & (excess > cfg.min_seconds)
-                       & (np.log1p(excess / (base * k)) > cfg.z * log_scale)
-                       & (~unknown | (excess > (cfg.ratio - 1) * base * k)))
-        hit = np.flatnonzero(stalled)
+            # The two plain bars first; the log-scale and unknown-checkpoint tests at the few rows past both.
+            rows = np.flatnonzero((excess > (cfg.ratio - 1) * base) & (excess > cfg.min_seconds))
+            e, b, kk = excess[rows], base[rows], k[rows]
+            stalled = ((np.log1p(e / (b * kk)) > cfg.z * log_scale[rows])
+                       & (~unknown[rows] | (e > (cfg.ratio - 1) * b * kk)))
+        hit = rows[stalled]
         self.hits.extend((lo + hit).tolist())
-        self.allowance.extend(np.where(unknown, 0.0, allowed)[hit].tolist())
+        self.allowance.extend(known[hit].tolist())
 
     def _per_step(self, steps: np.ndarray, times: np.ndarray, n: int) -> np.ndarray:
         """Log per-step time of every row so far, kept incrementally so streaming stays O(1)."""
