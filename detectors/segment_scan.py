@@ -196,12 +196,13 @@ class SegmentDetectors:
         lo = max(first - 1, 0)
         with np.errstate(invalid="ignore", divide="ignore"):
             per = np.diff(times[lo:]) / np.diff(steps[lo:])
-        if first == 0:
-            per = np.concatenate([[np.nan], per])
+        # The segment's first timed row has no interval before it (NaN, never kept): left out, not prepended.
+        at, skipped = (steps[1:], skipped[1:]) if first == 0 else (steps[first:], skipped)
         keep = np.isfinite(per) & (per > 0) & ~skipped
+        every = bool(keep.all())
         sb = self.buf["step_time"]
-        sb["step"].extend(steps[first:][keep], share=True)
-        sb["step_time"].extend(per[keep], share=True)
+        sb["step"].extend(at if every else at[keep], share=True)
+        sb["step_time"].extend(per if every else per[keep], share=True)
 
     def findings(self) -> list[Finding]:
         found = self._each(lambda series, scanner: scanner.findings(self.views(series)))
