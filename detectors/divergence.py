@@ -641,16 +641,30 @@ class DivergenceScanner:
         self.done = len(med)
 
     def _next_event(self, med: np.ndarray, b: int) -> int:
-        """The first block from ``b`` on that ``_judge`` would act on outside an episode: a new best, or one
-        past the rise threshold (every other block leaves the state as it is). Found vectorised, in windows
-        that double, so a long healthy stretch costs no Python loop."""
-        best, thr, width = self.best[0], self._threshold(), 256
+        """The first block from ``b`` on that ``_judge`` would do more with outside an episode than make it the new
+        best: one past the rise threshold of the best in force before it (every other block leaves the state as
+        it is). The new bests on the way (a falling loss makes one every few blocks) are taken here, in order,
+        as ``_judge`` takes them. Found vectorised, in windows that double, so a long healthy stretch, falling or
+        flat, costs no Python loop."""
+        width = 256
         while b < len(med):
             w = med[b:b + width]
+            best, best_b, sigma = self.best
             with np.errstate(invalid="ignore"):
-                hit = np.flatnonzero((w < best) | (w - best >= thr))
+                level = np.fmin.accumulate(np.concatenate([[best], w]))[:-1]  # the best in force before each block
+                record = w < level  # a new best (NaN compares False)
+                last = np.maximum.accumulate(np.where(record, np.arange(len(w)), -1))  # the last new best so far
+                since = np.concatenate([[-1], last[:-1]])  # ... before each block
+                noise = np.where(since >= 0, self.noise.view[b + np.maximum(since, 0)], sigma)
+                # ``_threshold`` of the best in force: max(a, b) as Python's max takes it (b only if b > a)
+                low, high = self.cfg.min_rise * np.abs(level), self.cfg.z_rise * noise
+                hit = np.flatnonzero(~record & (w - level >= np.where(high > low, high, low)))
+            end = int(hit[0]) if len(hit) else len(w)
+            k = int(last[end - 1]) if end else -1  # the last new best before the event (or the window's end)
+            if k >= 0:
+                self.best = (float(w[k]), b + k, float(self.noise.view[b + k]))
             if len(hit):
-                return b + int(hit[0])
+                return b + end
             b, width = b + len(w), min(2 * width, 1 << 16)
         return b
 
