@@ -735,6 +735,29 @@ def cusum(inc: np.ndarray, s0: float, zero0: int, offset: int,
     return s, zero
 
 
+class LastZeros:
+    """``cusum``'s change points looked up at the few rows asked for instead of built for every row
+    (``cusum(..., with_zero=False)``): at row j, ``offset`` plus the last index at or before j where S <= 0,
+    looked for backwards (a CUSUM rests at 0 most of the time), else ``zero0``. Indexed like the array."""
+
+    PIECE = 4096
+
+    def __init__(self, s: np.ndarray, zero0: int, offset: int) -> None:
+        self.s, self.zero0, self.offset = s, zero0, offset
+
+    def __len__(self) -> int:
+        return len(self.s)
+
+    def __getitem__(self, j: int) -> int:
+        end = int(j) % len(self.s) + 1
+        for b in range(end, 0, -self.PIECE):
+            a = max(b - self.PIECE, 0)
+            hit = np.flatnonzero(self.s[a:b] <= 0.0)
+            if len(hit):
+                return self.offset + a + int(hit[-1])
+        return self.zero0
+
+
 def first_run(ok: np.ndarray, m: int, carry: int) -> tuple[int, int]:
     """Where ``m`` consecutive True values first complete, counting ``carry`` True values just before ``ok``.
 

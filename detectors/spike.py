@@ -39,6 +39,7 @@ from runwatch.detectors.core import (
     BlockBaseline,
     Episode,
     Grow,
+    LastZeros,
     cusum,
     first_run,
     nan_low,
@@ -300,8 +301,11 @@ class SpikeScanner:
         of warm observations are found once for all of them."""
         finite = np.isfinite(zl)
         clipped = np.minimum(zl, self.winsor) if finite.all() else np.where(finite, np.minimum(zl, self.winsor), 0.0)
-        if warm.all():  # one run from the first observation: the sums carry on from the last pass
-            return [cusum(clipped - k, self.s[c], self.zero[c], lo) for c, (k, _, _) in enumerate(self.bank)]
+        if warm.all():  # one run from the first observation: the sums carry on from the last pass; each change
+            # point is looked up where an alarm or the next pass asks for it (LastZeros), not built for every row
+            sums = [cusum(clipped - k, self.s[c], self.zero[c], lo, with_zero=False)[0]
+                    for c, (k, _, _) in enumerate(self.bank)]
+            return [(s, LastZeros(s, self.zero[c], lo)) for c, s in enumerate(sums)]
         bounds = np.flatnonzero(np.diff(np.concatenate([[0], warm.astype(np.int8), [0]])))
         out = []
         for c, (k, _, _) in enumerate(self.bank):
