@@ -26,6 +26,7 @@ from runwatch.detectors.core import (
     BlockBaseline,
     Episode,
     Grow,
+    LastZeros,
     cusum,
     first_run,
     safe_log,
@@ -81,7 +82,8 @@ class SlowdownScanner:
             slow = raised & (z > cfg.z)
         warm = np.isfinite(level)
         inc = np.where(warm & raised, np.minimum(np.nan_to_num(z, nan=0.0), self.winsor), 0.0) - cfg.cusum_k
-        s, zero = cusum(np.where(warm, inc, -1e6), self.s, self.zero, lo)
+        s = cusum(np.where(warm, inc, -1e6), self.s, self.zero, lo, with_zero=False)[0]
+        zero = LastZeros(s, self.zero, lo)  # the change point, looked up at a trigger and the pass's end
         # Runs of min_obs slow observations in a row, counting the slow ones carried from the last call.
         ext = np.concatenate([np.ones(self.slow_run, bool), slow])
         csum = np.concatenate([[0], np.cumsum(ext)])
