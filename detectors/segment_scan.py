@@ -37,14 +37,15 @@ _INT, _BOOL = {"step"}, {"found_inf", "found_inf_present", "loss_present", "bad_
 
 PARALLEL_FROM = 1 << 17
 """New rows from which a segment's scanners run side by side on threads (numpy's sorts, selections and
-ufuncs release the GIL): an offline read of a long run (1M rows: 0.78x on 2 cores, bench/detector_speed.py).
+ufuncs release the GIL): an offline read of a long run (1M rows: 0.80x on 2 cores, bench/detector_speed.py).
 A live flush of a few rows, and the findings after it, stay on the caller's thread, where a pool would cost
 more than it saves. Each scanner reads only its own series, so the findings are the same either way."""
 LONGEST_FIRST = ("spike", "slowdown", "stall", "scaler_collapse", "divergence")
-"""The scanners by their cost over a long segment, longest first (bench/detector_speed.py's 1M rows: spike ~0.35 s,
-slowdown and stall ~0.13 s each, scaler ~0.08 s, divergence ~0.03 s, the rest nothing): handed to the pool in this
+"""The scanners by their cost over a long segment, longest first (bench/detector_speed.py's 1M rows: spike ~0.25 s,
+slowdown and stall ~0.10 s each, scaler ~0.05 s, divergence ~0.02 s, the rest nothing): handed to the pool in this
 order, two threads finish at about the same time (in the registry's order the second thread took the spike's
-six companions, 0.05 s more than the spike alone)."""
+six companions, more than the spike alone). Side by side every numpy call hands the GIL over, so a scanner
+beside another runs slower than alone (the spike ~1.4x): fewer, larger numpy calls count twice here."""
 THREADS_ENV = "RUNWATCH_SCAN_THREADS"
 """Threads a segment's scanners may use (default: the cores this process may use); ``check --all`` sets 1 in
 its workers, which already judge runs side by side on every core."""
