@@ -174,7 +174,9 @@ class SlowdownScanner:
         lt = self.log_t.view[lo:n]
         ok = self._in_band(ep, lo, n)
         start, ep.carry = first_run(ok, RECOVERY_OBS, ep.carry)
-        upto = min(start, len(ok))
+        # No row from the recovery's first on is a slow row of this episode; that row may lie in the last flush
+        # (``start`` < 0), and a slice to a negative index would read this flush's later rows as the episode's.
+        upto = max(min(start, len(ok)), 0)
         slow = np.flatnonzero(~ok[:upto] & np.isfinite(lt[:upto]))
         if len(slow):
             ep.data["last_slow"] = lo + int(slow[-1])

@@ -131,3 +131,26 @@ def test_update_table_equals_update_many_row_by_row() -> None:
         np.testing.assert_array_equal(a[key], b[key], err_msg=key)
     assert by_table.report().findings == by_rows.report().findings
     assert any(f.kind == "spike" for f in by_table.report().findings)
+
+
+def test_a_slowdowns_recovery_split_across_flushes_ends_it_where_offline_does() -> None:
+    """A 3x slow node for steps 300-340, back to normal, and three slow steps again from 345 (within the wander's
+    memory, so joined to the spell only if the episode were still open). With the flush cut at 342, the two
+    in-band rows that end the episode straddle it: the slice of the flush's rows before the recovery ran to a
+    negative index and read the slow rows after it as the episode's, so the stream said 300-347 where the
+    whole run says 300-340. Fails on e7543a7."""
+    rng = np.random.default_rng(0)
+    n = 600
+    dt = np.exp(rng.normal(0, 0.01, n))
+    dt[300:341] *= 3.0
+    dt[345:348] *= 3.0
+    steps, times = np.arange(n), 1.7e9 + np.cumsum(dt)
+    loss = loss_curve(n)
+    rows = [{"step": int(s), "time": float(t), "loss": float(v)} for s, t, v in zip(steps, times, loss)]
+    offline = [f for f in analyze(rows_table(steps, time=times, loss=loss)).findings if f.kind == "slowdown"]
+    assert [(f.onset_step, f.end_step) for f in offline] == [(300, 340)], offline
+    for cut in range(336, 350):
+        stream = StreamingAnalyzer()
+        stream.update_many(rows[:cut])
+        stream.update_many(rows[cut:])
+        assert [f for f in stream.report().findings if f.kind == "slowdown"] == offline, cut
