@@ -449,25 +449,21 @@ class BlockBaseline:
 
     def at(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
         """Level and scale for observations lo..hi-1 (NaN where the segment is still warming up)."""
-        if hi <= lo:
-            return np.empty(0), np.empty(0)
-        self._ensure_obs(lo, hi)
-        return (self._per_obs(self._level, lo, hi, self.med.size + 1),
-                self._per_obs(self._scale, lo, hi, self.med.size + 1))
+        return self.level_at(lo, hi), self.scale_at(lo, hi)
 
     def level_at(self, lo: int, hi: int) -> np.ndarray:
         """``at(lo, hi)[0]`` alone (a level-only baseline has no scale, a noise model's level goes unread)."""
-        if hi <= lo:
-            return np.empty(0)
-        self._ensure_obs(lo, hi)
-        return self._per_obs(self._level, lo, hi, self.med.size + 1)
+        return self._cached_at(self._level, lo, hi)
 
     def scale_at(self, lo: int, hi: int) -> np.ndarray:
         """``at(lo, hi)[1]`` alone."""
+        return self._cached_at(self._scale, lo, hi)
+
+    def _cached_at(self, cache: Grow, lo: int, hi: int) -> np.ndarray:
         if hi <= lo:
             return np.empty(0)
         self._ensure_obs(lo, hi)
-        return self._per_obs(self._scale, lo, hi, self.med.size + 1)
+        return self._per_obs(cache, lo, hi, self.med.size + 1)
 
     def scale_of_blocks(self, first: int, last: int) -> np.ndarray:
         """``at(first * block, last * block)[1][::block]``: the scale of blocks first..last-1, one value a block."""
@@ -685,8 +681,12 @@ class _ValidBlocks:
         return self._finite[starts + width] - self._finite[starts]
 
 
-CUSUM_ROWS = 1 << 18
-"""Increments ``cusum`` sums at a time (a scaler's 1M rows read whole are summed in 4 pieces of 2 MB)."""
+ROWS_AT_ONCE = 1 << 18
+"""Rows a long stretch is read in per pass, by ``cusum`` and the stall and scaler scanners: a pass's temporaries
+(2 MB) are reused, where a 1M-row segment read whole makes dozens of fresh arrays of its length (faulted in); every
+row's value is the same either way (each row judged on its own; running sums, minima and maxima carried from pass
+to pass). Much smaller passes cost more GIL hand-overs (one per numpy call) than they save beside the other
+scanners."""
 
 
 def cusum(inc: np.ndarray, s0: float, zero0: int, offset: int,
@@ -701,7 +701,7 @@ def cusum(inc: np.ndarray, s0: float, zero0: int, offset: int,
     """
     if not len(inc):
         return np.empty(0), (np.empty(0, dtype=np.int64) if with_zero else None)
-    if len(inc) <= CUSUM_ROWS:
+    if len(inc) <= ROWS_AT_ONCE:
         c = s0 + np.cumsum(inc)
         s = c - np.minimum.accumulate(np.minimum(c, 0.0))
         if not with_zero:
@@ -714,8 +714,8 @@ def cusum(inc: np.ndarray, s0: float, zero0: int, offset: int,
     # minima and maxima, with a piece's temporaries in cache instead of a dozen fresh arrays of the whole length.
     s, zero = np.empty(len(inc)), (np.empty(len(inc), dtype=np.int64) if with_zero else None)
     total, low, last = 0.0, 0.0, -1
-    for a in range(0, len(inc), CUSUM_ROWS):
-        part = inc[a:a + CUSUM_ROWS].copy()
+    for a in range(0, len(inc), ROWS_AT_ONCE):
+        part = inc[a:a + ROWS_AT_ONCE].copy()
         if a:
             part[0] = total + part[0]
         run = np.cumsum(part)

@@ -35,16 +35,9 @@ import math
 import numpy as np
 
 from runwatch.detectors.config import ScalerConfig
-from runwatch.detectors.core import Grow, cusum
+from runwatch.detectors.core import ROWS_AT_ONCE, Grow, cusum
 from runwatch.detectors.finding import Finding, recovery_steps
 from runwatch.detectors.scanner import Observations, ScanContext
-
-
-ROWS_AT_ONCE = 1 << 18
-"""Rows of a long stretch read per pass: a pass's temporaries (2 MB) are reused, where a 1M-row segment read whole
-made dozens of fresh arrays of its length; every row's value is the same either way (running sums, minima and
-maxima are carried from pass to pass). Much smaller passes cost more GIL hand-overs (one per numpy call) than
-they save beside the other scanners."""
 
 
 class ScalerScanner:

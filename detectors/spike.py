@@ -57,9 +57,9 @@ from runwatch.detectors.divergence import (
     lr_burst_shifts,
     lr_jump_inside,
     lr_raise_inside,
-    raise_after,
     lr_rise_start,
     lr_step_before,
+    raise_after,
     restart_before,
     trained_level,
 )

@@ -19,7 +19,7 @@ import math
 import numpy as np
 
 from runwatch.detectors.config import StallConfig
-from runwatch.detectors.core import BlockBaseline, Grow
+from runwatch.detectors.core import ROWS_AT_ONCE, BlockBaseline, Grow
 from runwatch.detectors.finding import Finding
 from runwatch.detectors.scanner import Observations, ScanContext
 
@@ -34,12 +34,6 @@ def step_times(steps: np.ndarray, times: np.ndarray) -> tuple[np.ndarray, np.nda
             per = np.diff(times) / num_steps[1:]
         dt[1:] = np.where(num_steps[1:] > 0, per, np.nan)
     return dt, num_steps
-
-
-ROWS_AT_ONCE = 1 << 18
-"""Rows judged per pass: a pass's temporaries (2 MB) are reused, where a 1M-row segment's read whole are fresh
-memory each (8 MB, faulted in); every row is judged on its own, so the hits are the same. Much smaller passes
-cost more GIL hand-overs (one per numpy call) than they save beside the other scanners."""
 
 
 class StallScanner:
