@@ -226,10 +226,11 @@ class DivergenceConfig:
     """A norm's climb must rise (log of its last block median over its first) this many standard errors of the
     difference of two block medians, taken from how far the block medians before it stray from one to the next:
     on a noisy small-batch log the norms' block medians wander by 1.5x and more, and a walk back that follows the
-    wander finds a "growth" hundreds of steps before the real break (one-sided 1.3e-3 for a Gaussian). The spike
-    scanner asks the same of the rows between an excursion's statistical onset and an LR raise the alarm came after
-    (``SpikeScanner._not_before_its_cause``): their mean this many standard errors up is a lift of their own, and
-    the onset stays with it."""
+    wander finds a "growth" hundreds of steps before the real break (one-sided 1.3e-3 for a Gaussian). Every loss
+    detector asks the same of the rows between its statistical onset and an LR raise the alarm came after
+    (``divergence.raise_after``; the spike in its own scale, the loss climb and the precursor by
+    ``divergence.lifted_before``): this many standard errors up is a lift of their own, and the onset stays with
+    it."""
     precursor_act: float = 3.0
     """Activation norm x3 ..."""
     precursor_grad: float = 2.0
