@@ -357,7 +357,15 @@ class StallConfig:
     """A pause under a minute (an evaluation, a slow save) is an 'info' annotation: it costs less than a
     checkpoint write and is outside the alarm budget; a longer one is a warning."""
     z: float = 6.0
-    """...and this many interval sigmas (k times the per-step sigma): coarse logs jitter too."""
+    """...and this many sigmas of the run's log interval time (coarse logs jitter too): an interval past all
+    three is slow; consecutive slow intervals are a slow spell (``slowdown.stall_spells``)."""
+    z_alone: float = 7.0
+    """A slow interval no spell took is a stall only at this many sigmas: on its own it is a warning, and its
+    rate on healthy runs is the budget's (bench/calibrate.py, ten draws of 3M healthy steps: 9 of the 24
+    alarms were lone intervals of noisy hosts logged every 10 or 100 steps at 6.0-6.7 sigmas, none past 7).
+    A spell needs no more: several slow intervals in a row are rarer than one (a 2.8x slowdown on a noisy
+    host logged every 10 steps reads 6-7 sigmas an interval: test 29). A pause worth a page is tens of
+    sigmas: a minute in intervals that vary by a few percent."""
     block: int = 4
     """Observations per baseline block: a log written every 25 steps must not spend 800 steps in warm-up."""
     window_blocks: int = 16

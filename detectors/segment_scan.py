@@ -23,7 +23,7 @@ from runwatch.detectors.nan import nonfinite_masks
 from runwatch.detectors.registry import REGISTRY, scanner_class
 from runwatch.detectors.scanner import ScanContext
 from runwatch.detectors.slowdown import stall_spells
-from runwatch.detectors.stall import drop_slowdown_stalls
+from runwatch.detectors.stall import drop_slowdown_stalls, lone_stalls
 
 SERIES: dict[str, tuple[str, ...]] = {
     "loss": ("step", "loss", "grad_norm", "act_norm", "lr"),
@@ -207,10 +207,10 @@ class SegmentDetectors:
 
     def findings(self) -> list[Finding]:
         found = self._each(lambda series, scanner: scanner.findings(self.views(series)))
-        found["stall"] = drop_slowdown_stalls(found["stall"], found["slowdown"])
+        found["stall"] = drop_slowdown_stalls(found["stall"], found["slowdown"], self.config.stall)
         timed = self.buf["time"]["step"]
-        found["stall"], spells = stall_spells(found["stall"], self.config.slowdown,
-                                              int(timed.view[-1]) if timed.size else -1)
+        lone, spells = stall_spells(found["stall"], self.config.slowdown, int(timed.view[-1]) if timed.size else -1)
+        found["stall"] = lone_stalls(lone, self.config.stall)
         found["slowdown"] += spells
         if found["bad_resume"]:
             # The resume itself is the incident: an excursion starting with the segment is that one.

@@ -101,14 +101,16 @@ class StallScanner:
         out = []
         for i, allowed in zip(self.hits, self.allowance):
             gap = float(times[i] - times[i - 1])
-            base = math.exp(float(self.base.at(i, i + 1)[0][0]))
+            log_base, log_scale = (float(v[0]) for v in self.base.at(i, i + 1))
+            base = math.exp(log_base)
             expected = base * int(steps[i] - steps[i - 1])
             out.append(Finding(
                 kind="stall", onset_step=int(steps[i - 1]), end_step=int(steps[i]), peak_step=int(steps[i]),
                 segment=self.segment, severity="warning" if gap - allowed - expected >= self.cfg.warn_seconds else "info",
                 self_recovered=True, needs_action=False,
                 evidence={"gap_s": gap, "expected_s": expected, "per_step_s": base, "allowance_s": allowed,
-                          "num_steps": int(steps[i] - steps[i - 1]), "detected_step": int(steps[i])},
+                          "num_steps": int(steps[i] - steps[i - 1]), "detected_step": int(steps[i]),
+                          "z": math.log1p((gap - allowed - expected) / expected) / log_scale},
                 message=f"training stalled for {duration(gap)} after step {int(steps[i - 1])} "
                         f"(expected {duration(expected)}); it resumed"))
         return out
@@ -150,6 +152,11 @@ def live_stall(steps: np.ndarray, times: np.ndarray, now: float, segment: int,
         segment=segment, severity="critical", self_recovered=None, needs_action=True,
         evidence={"silence_s": silence, "expected_s": expected, "live": True},
         message=f"no new step for {duration(silence)} after step {int(steps[-1])} (expected one every {duration(expected)})")
+
+
+def lone_stalls(stalls: list[Finding], cfg: StallConfig) -> list[Finding]:
+    """The stalls no slow spell took that pass ``z_alone``: one interval alone must be rarer than a spell's."""
+    return [st for st in stalls if st.evidence["z"] >= cfg.z_alone]
 
 
 def drop_slowdown_stalls(stalls: list[Finding], slowdowns: list[Finding], cfg: StallConfig = StallConfig()) -> list[Finding]:
