@@ -4,6 +4,7 @@
     .venv/bin/python bench/calibrate.py --sweep              # + the curve: threshold vs alarms per 1M vs recall
     .venv/bin/python bench/calibrate.py --steps 3000000      # healthy logged steps to simulate (default 3M)
     .venv/bin/python bench/calibrate.py --draws 10           # ten independent draws (seeds 0-9), pooled
+    .venv/bin/python bench/calibrate.py --draws 3 --sweep --jobs 2   # the curve on three draws, two processes
 
 The budget (../shared/DETECTION.md, section 4): at most one warning-or-critical
 finding, all kinds together, per 10^6 logged healthy steps. With zero alarms
@@ -36,6 +37,7 @@ import math
 import sys
 import tempfile
 import time
+from multiprocessing import get_context
 from pathlib import Path
 
 import numpy as np
@@ -284,6 +286,22 @@ def recall_at(config: DetectorConfig, kinds: tuple[str, ...]) -> float | None:
     return found / total if total else None
 
 
+_SHARED: dict = {}
+"""The healthy series and the shipped budget, set before the sweep's workers fork."""
+
+
+def sweep_row(point: tuple[str, str, float]) -> str:
+    """One line of the curve: the budget and the held-out recall with one threshold moved."""
+    component, field, value = point
+    cfg = with_value(DEFAULT, component, field, value)
+    b = _SHARED["shipped"] if cfg == DEFAULT else budget(_SHARED["real"], _SHARED["sims"], cfg)
+    rec = recall_at(cfg, KIND_OF[component])
+    own = sum(v for key, v in b["by_kind"].items() if key.split(" ")[1] in KIND_OF[component])
+    shipped_mark = " (shipped)" if getattr(getattr(DEFAULT, component), field) == value else ""
+    return (f"| {component}.{field} | {value}{shipped_mark} | {own / b['steps'] * 1e6:.2f} | "
+            f"{b['per_million']:.2f} | {'n/a' if rec is None else f'{rec:.2f}'} |")
+
+
 KIND_OF = {"spike": ("spike", "divergence"), "scaler": ("scaler_collapse",), "slowdown": ("slowdown",),
            "stall": ("stall",)}
 
@@ -295,6 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--draws", type=int, default=1, help="independent draws of simulated runs (seeds seed, "
                         "seed+1, ...), pooled; the real logs count once")
     parser.add_argument("--sweep", action="store_true", help="also sweep each alarm threshold (the published curve)")
+    parser.add_argument("--jobs", type=int, default=1, help="processes for the sweep's points")
     args = parser.parse_args(argv)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
@@ -321,16 +340,13 @@ def main(argv: list[str] | None = None) -> int:
         lines += ["", "## The curve: threshold vs false alarms per 10^6 healthy steps vs held-out recall", "",
                   "| threshold | value | its kinds' alarms per 10^6 | all alarms per 10^6 | held-out recall |",
                   "|---|---|---:|---:|---:|"]
-        for (component, field), values in SWEEPS.items():
-            for value in values:
-                cfg = with_value(DEFAULT, component, field, value)
-                b = budget(real, sims, cfg)
-                rec = recall_at(cfg, KIND_OF[component])
-                own = sum(v for key, v in b["by_kind"].items() if key.split(" ")[1] in KIND_OF[component])
-                shipped_mark = " (shipped)" if getattr(getattr(DEFAULT, component), field) == value else ""
-                lines.append(f"| {component}.{field} | {value}{shipped_mark} | {own / b['steps'] * 1e6:.2f} | "
-                             f"{b['per_million']:.2f} | {'n/a' if rec is None else f'{rec:.2f}'} |")
-                print(lines[-1], flush=True)
+        points = [(component, field, value) for (component, field), values in SWEEPS.items() for value in values]
+        _SHARED.update(real=real, sims=sims, shipped=shipped)
+        # Forked workers read the simulated runs from this process's memory; each point is independent.
+        with get_context("fork").Pool(args.jobs) as pool:
+            for line in pool.imap(sweep_row, points):
+                lines.append(line)
+                print(line, flush=True)
     text = "\n".join(lines) + "\n"
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "calibration.md").write_text(text)
