@@ -314,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
                         "seed+1, ...), pooled; the real logs count once")
     parser.add_argument("--sweep", action="store_true", help="also sweep each alarm threshold (the published curve)")
     parser.add_argument("--jobs", type=int, default=1, help="processes for the sweep's points")
+    parser.add_argument("--fields", help="sweep only these thresholds (comma-separated, e.g. spike.cusum_h,stall.z)")
     args = parser.parse_args(argv)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
@@ -340,7 +341,9 @@ def main(argv: list[str] | None = None) -> int:
         lines += ["", "## The curve: threshold vs false alarms per 10^6 healthy steps vs held-out recall", "",
                   "| threshold | value | its kinds' alarms per 10^6 | all alarms per 10^6 | held-out recall |",
                   "|---|---|---:|---:|---:|"]
-        points = [(component, field, value) for (component, field), values in SWEEPS.items() for value in values]
+        wanted = set(args.fields.split(",")) if args.fields else {f"{c}.{f}" for c, f in SWEEPS}
+        points = [(component, field, value) for (component, field), values in SWEEPS.items()
+                  if f"{component}.{field}" in wanted for value in values]
         _SHARED.update(real=real, sims=sims, shipped=shipped)
         # Forked workers read the simulated runs from this process's memory; each point is independent.
         with get_context("fork").Pool(args.jobs) as pool:
