@@ -3,7 +3,9 @@
 One interval's EXCESS over k expected steps (k = steps between the two rows,
 expected = the trailing per-step time) must be worth more than ``ratio - 1``
 steps, ``min_seconds`` and ``z`` interval sigmas; a checkpoint write inside the
-interval (``write_seconds``) is allowed for. Per step, not per interval: a
+interval (``write_seconds``) is allowed for. Consecutive such intervals are a
+slow spell (``slowdown.stall_spells``); one alone is a stall only past
+``z_alone`` sigmas, the bar its own false-alarm rate sets (``lone_stalls``). Per step, not per interval: a
 pause of G steps' time inside a k-step interval raises the interval only by
 G/k, so an interval ratio would need G >= 9k on a log written every k steps.
 Where a checkpoint of unknown write time lies in the interval only the whole
