@@ -57,6 +57,7 @@ class StallScanner:
                                   long_noise_floor=1.0)
         self.hits: list[int] = []
         self.allowance: list[float] = []  # checkpoint seconds inside each hit's interval
+        self.sigmas: list[float] = []  # each hit's interval in sigmas of the run's log interval time
         self.per_step = Grow()
 
     def advance(self, obs: Observations) -> None:
@@ -83,11 +84,12 @@ class StallScanner:
             # The two plain bars first; the log-scale and unknown-checkpoint tests at the few rows past both.
             rows = np.flatnonzero((excess > (cfg.ratio - 1) * base) & (excess > cfg.min_seconds))
             e, b, kk = excess[rows], base[rows], k[rows]
-            stalled = ((np.log1p(e / (b * kk)) > cfg.z * log_scale[rows])
-                       & (~unknown[rows] | (e > (cfg.ratio - 1) * b * kk)))
+            rise = np.log1p(e / (b * kk))
+            stalled = (rise > cfg.z * log_scale[rows]) & (~unknown[rows] | (e > (cfg.ratio - 1) * b * kk))
         hit = rows[stalled]
         self.hits.extend((lo + hit).tolist())
         self.allowance.extend(known[hit].tolist())
+        self.sigmas.extend((rise / log_scale[rows])[stalled].tolist())
 
     def _per_step(self, steps: np.ndarray, times: np.ndarray, n: int) -> np.ndarray:
         """Log per-step time of every row so far, kept incrementally so streaming stays O(1)."""
@@ -101,10 +103,9 @@ class StallScanner:
     def findings(self, obs: Observations) -> list[Finding]:
         steps, times = obs["step"], obs["time"]
         out = []
-        for i, allowed in zip(self.hits, self.allowance):
+        for i, allowed, sigmas in zip(self.hits, self.allowance, self.sigmas):
             gap = float(times[i] - times[i - 1])
-            log_base, log_scale = (float(v[0]) for v in self.base.at(i, i + 1))
-            base = math.exp(log_base)
+            base = math.exp(float(self.base.level_at(i, i + 1)[0]))
             expected = base * int(steps[i] - steps[i - 1])
             out.append(Finding(
                 kind="stall", onset_step=int(steps[i - 1]), end_step=int(steps[i]), peak_step=int(steps[i]),
@@ -112,7 +113,7 @@ class StallScanner:
                 self_recovered=True, needs_action=False,
                 evidence={"gap_s": gap, "expected_s": expected, "per_step_s": base, "allowance_s": allowed,
                           "num_steps": int(steps[i] - steps[i - 1]), "detected_step": int(steps[i]),
-                          "z": math.log1p((gap - allowed - expected) / expected) / log_scale},
+                          "z": sigmas},
                 message=f"training stalled for {duration(gap)} after step {int(steps[i - 1])} "
                         f"(expected {duration(expected)}); it resumed"))
         return out
