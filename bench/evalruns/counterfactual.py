@@ -71,7 +71,8 @@ class LabelRules:
     within the false-alarm budget of one alarm per 10^6 healthy steps can tell a slowdown from the wander."""
     clear_halvings: float = 4.0
     """Loss scale 4 halvings (16x) below the twin's: more than any ordinary backoff, which costs one and
-    regrows, and 4 skipped steps in a row are about 1e-6 likely at an ordinary overflow rate of 3%."""
+    regrows, and 4 skipped steps in a row are about 1e-6 likely at an ordinary overflow rate of 3%. Back under it
+    after its deepest point, a collapse is over (``collapse_label``)."""
     negligible_halvings: float = 1.0
     """One halving below the twin is what a single ordinary overflow does: no collapse."""
 
@@ -259,7 +260,13 @@ def nan_label(inj: Injection, lin: Lineage, i0: int, rules: LabelRules) -> Label
 
 
 def collapse_label(inj: Injection, lin: Lineage, i0: int, i1: int, rules: LabelRules) -> Label | None:
-    """Halvings of the loss scale below the twin's; it needs action when not regrown by the end."""
+    """Halvings of the loss scale below the twin's. The collapse is over once, after its deepest point, the scale
+    is back under the depth that makes one (``clear_halvings`` below the twin): regrown at the scaler's own pace,
+    to a scale in the twin's range. Skipped steps never touched the weights, so from there the run is healthy
+    at a somewhat lower scale, and a rollback would restore nothing (fresh seed 846832's run 049: 262144 ->
+    16384, doubling every 678 steps, 3 halvings under its twin for the last 1,100 steps, where the old rule of
+    1.5 halvings called it unrecovered). It needs action when not back by the end (a scale at its floor, or
+    regrowing from 1 to 4 where its twin runs at 2^17)."""
     with np.errstate(divide="ignore", invalid="ignore"):
         h = np.log2(lin.twin["loss_scale"].astype(float)) - np.log2(lin.faulty["loss_scale"].astype(float))
     prior = h[max(0, i0 - rules.lift_run):i0]
@@ -270,7 +277,11 @@ def collapse_label(inj: Injection, lin: Lineage, i0: int, i1: int, rules: LabelR
     verdict = _unseen(inj, lin, verdict)
     if verdict is None:
         return None
-    j = first_settled(h, i0, rules.negligible_halvings + 0.5, rules.lift_run)
+    deepest = i0 + int(np.argmax(np.nan_to_num(h[i0:i1], nan=-np.inf)))
+    # One row back under suffices: a doubling is itself ``growth_interval`` clean steps (a coarse log's last few
+    # rows after it are as good as any 8: fresh seed 846832's run 123, regrown at 1525 of 1578, a log every 25).
+    back = np.flatnonzero(np.nan_to_num(h[deepest:], nan=np.inf) < rules.clear_halvings)
+    j = deepest + int(back[0]) if len(back) else None
     end = len(lin.step) - 1 if j is None else max(i0, j - 1)
     return _label(inj, lin, verdict, i0, end, peak, needs_action=j is None)
 
@@ -292,6 +303,10 @@ def time_label(inj: Injection, lin: Lineage, i0: int, length: int, log_every: in
 
 CHANNEL = {"spike": "loss", "divergence": "loss", "nan": "loss", "scaler_collapse": "scale", "stall": "time",
            "slowdown": "time"}
+# The channels each cause reaches: a loss fault also overflows an fp16 scaler (a NaN skips every step after it),
+# so a later one ends an earlier collapse's window (fresh seed 929825's run 112: two overflows, 2 halvings, then a
+# NaN weight that took the scale down 14 more, all read as the overflows' 16-halving collapse).
+REACHES = {kind: (channel, "scale") if channel == "loss" else (channel,) for kind, channel in CHANNEL.items()}
 
 
 def label_run(injections: list[Injection], lines: dict[int, Lineage], cuts: dict[int, int | None],
@@ -311,7 +326,7 @@ def label_run(injections: list[Injection], lines: dict[int, Lineage], cuts: dict
             continue  # past the segment's last logged row
         i0 = int(idx[0])
         later = [int(np.searchsorted(lin.step, o.first_effect)) for o in injections if o.segment == inj.segment
-                 and CHANNEL[o.kind] == CHANNEL[inj.kind] and o.first_effect > inj.first_effect]
+                 and CHANNEL[inj.kind] in REACHES[o.kind] and o.first_effect > inj.first_effect]
         i1 = min(later, default=len(lin.step))
         if inj.kind in ("spike", "divergence"):
             lab = loss_label(inj, lin, i0, max(i1, i0 + 1), rules)
@@ -352,7 +367,7 @@ def natural_events(lines: dict[int, Lineage], rules: LabelRules) -> list[Label]:
         for a, b in _own_excursions(st, rules, log=True, time=True):
             out.append(Label("slowdown", "natural", int(steps[a]), int(steps[b]), seg, dont_care=True))
         scale = lin.twin["loss_scale"].astype(float)[own]
-        for a, b in _own_slides(scale, rules):
+        for a, b in natural_slides(scale, rules):
             out.append(Label("scaler_collapse", "natural", int(steps[a]), int(steps[b]), seg, dont_care=True))
     return out
 
@@ -388,9 +403,11 @@ def _own_excursions(x: np.ndarray, rules: LabelRules, *, log: bool, time: bool =
     return spans
 
 
-def _own_slides(scale: np.ndarray, rules: LabelRules) -> list[tuple[int, int]]:
-    """(first, last) index of each stretch where the scale fell ``clear_halvings`` below its peak since it last grew."""
-    spans, peak, start, n = [], np.nan, None, len(scale)
+def natural_slides(scale: np.ndarray, rules: LabelRules) -> list[tuple[int, int]]:
+    """(first, last) index of each stretch where the scale fell ``clear_halvings`` below its peak since it last grew:
+    the whole slide, from the row before its first halving off that peak (a detector's change point dates it there,
+    not at the halving that made it deep: 11-32 steps earlier on the twins' slides of the 27 looked-at seeds)."""
+    spans, peak, first_drop, start, n = [], np.nan, None, None, len(scale)
     for i in range(n):
         x = scale[i]
         if not np.isfinite(x) or x <= 0:
@@ -399,10 +416,12 @@ def _own_slides(scale: np.ndarray, rules: LabelRules) -> list[tuple[int, int]]:
             if start is not None:
                 spans.append((start, i))
                 start = None
-            peak = x
+            peak, first_drop = x, None
             continue
+        if first_drop is None and x < peak:
+            first_drop = i
         if start is None and np.log2(peak / x) >= rules.clear_halvings:
-            start = max(i - 1, 0)
+            start = max(first_drop - 1, 0)
     if start is not None:
         spans.append((start, n - 1))
     return spans

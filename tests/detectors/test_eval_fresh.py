@@ -18,7 +18,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
-from evalruns.counterfactual import Injection, LabelRules, Lineage, label_run, loss_label  # noqa: E402
+from evalruns.counterfactual import (  # noqa: E402
+    Injection, LabelRules, Lineage, collapse_label, label_run, loss_label, natural_slides)
 from evalruns.draws import FreshRun, make_injection  # noqa: E402
 from evalruns.fresh import fresh_runs, label, train_pair  # noqa: E402
 from evalruns.heldout import HeldoutSpec  # noqa: E402
@@ -185,6 +186,54 @@ def test_a_fault_in_a_segment_that_never_ran_is_no_label() -> None:
     assert [(lab.kind, lab.segment) for lab in labels if not lab.dont_care] == [("spike", 0)]
 
 
+def _scaler_lineage(faulty_scale: np.ndarray) -> Lineage:
+    """A twin whose scale sits at 2^16; the faulty run's scale as given (found_inf where it halved)."""
+    n = len(faulty_scale)
+    cols = {"loss": np.full(n, 3.0), "grad_norm": np.ones(n), "step_time": np.ones(n)}
+    found = np.r_[False, faulty_scale[1:] < faulty_scale[:-1]]
+    return Lineage(np.arange(n), np.zeros(n, int), {**cols, "loss_scale": faulty_scale, "found_inf": found},
+                   {**cols, "loss_scale": np.full(n, 2.0**16), "found_inf": np.zeros(n, bool)})
+
+
+@pytest.mark.parametrize("after,expect_end,expect_action", [
+    # 4 overflows at 100-103 (2^16 -> 2^12), then a doubling 300 clean steps later: back under the depth of a
+    # collapse at step 404, though 3 halvings under the twin to the end (fresh seed 846832's run 049)
+    ({404: 2.0**13}, 403, False),
+    # every step skipped from 100 on, the scale pinned at 1: never over, it needs action
+    ({104: 1.0}, 599, True),
+    # down to 1, then regrowing to 2 and 4 where the twin runs at 2^16: still a collapse (fresh seed 172015's run 040)
+    ({104: 1.0, 300: 2.0, 500: 4.0}, 599, True),
+])
+def test_a_collapse_is_over_once_back_under_the_depth_of_one(after, expect_end, expect_action) -> None:
+    n = 600
+    scale = np.full(n, 2.0**16)
+    for k in range(4):
+        scale[100 + k:] = 2.0 ** (15 - k)
+    for step, value in after.items():
+        scale[step:] = value
+    lab = collapse_label(Injection("scaler_collapse", "consecutive", 0, 100, 100, 103), _scaler_lineage(scale),
+                         100, n, LabelRules())
+    assert not lab.dont_care and lab.onset == 100
+    assert (lab.end, lab.needs_action) == (expect_end, expect_action)
+
+
+def test_a_later_nan_ends_an_earlier_collapse_window() -> None:
+    """Fresh seed 929825's run 112 in miniature: two overflows (2 halvings, no collapse), then a NaN weight after
+    which every step overflows: the NaN's scale collapse is the NaN's, not a 16-halving collapse of the two."""
+    n = 400
+    scale = np.full(n, 2.0**16)
+    scale[196:] = 2.0**15
+    scale[197:] = 2.0**14
+    scale[380:] = 2.0 ** (14 - np.minimum(np.arange(n - 380) + 1, 14))
+    lin = _scaler_lineage(scale)
+    lin.faulty["loss"] = np.where(np.arange(n) >= 379, np.nan, 3.0)
+    inj = [Injection("scaler_collapse", "consecutive", 0, 196, 196, 197), Injection("nan", "nan_weight", 0, 379, 379, 379)]
+    labels = label_run(inj, {0: lin}, {0: None}, 1)
+    collapse = [lab for lab in labels if lab.kind == "scaler_collapse" and lab.subtype == "consecutive"]
+    assert collapse and collapse[0].dont_care and collapse[0].size == 2.0
+    assert [lab.kind for lab in labels if lab.needs_action and not lab.dont_care] == ["nan"]
+
+
 def test_label_rules_reject_inverted_thresholds() -> None:
     with pytest.raises(ValueError, match="negligible < clear"):
         LabelRules(clear_peak=2.0)
@@ -211,3 +260,13 @@ def test_a_seed_generates_the_same_store_and_labels_byte_for_byte(tmp_path: Path
             meta = store.meta(run["run"])
             assert meta["scaler"]["growth_interval"] > 0 and meta["scaler"]["backoff_factor"] == 0.5
             assert store.rows(run["run"], rank=0).num_rows > 0
+
+
+def test_a_natural_slide_spans_from_its_first_halving_off_the_peak() -> None:
+    """The twin's own slide of four halvings (a healthy sawtooth's deep tooth) is a dont_care from the row before its
+    first halving off the peak, where a detector's change point dates it, to the row it regrew at."""
+    scale = np.full(400, 2.0**16)
+    for step, halvings in ((100, 1), (130, 2), (160, 3), (190, 4)):
+        scale[step:] = 2.0 ** (16 - halvings)
+    scale[300:] = 2.0**13
+    assert natural_slides(scale, LabelRules()) == [(99, 300)]
