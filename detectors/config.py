@@ -99,9 +99,14 @@ class LRConfig:
     on a cosine from step 782, lowest at 800; the rise read from the low put a checkpoint inside it."""
     kink_rows: int = 8
     """Rows before a candidate step in the slope whose own changes set its bar (``kink``)."""
+    ramp_rate_spread: float = 2.0
+    """The most the per-step rates of log LR on the two sides of a schedule's one-row step down may differ by for
+    one ramp to run across it (``divergence.ramp_low``): a ramp multiplies every update by the same factor, so its
+    rate is the same on both sides up to float32 rounding; a jump held flat, or a burst that ended, has no rate."""
 
     def __post_init__(self) -> None:
         _check(self.kink > 1 and self.kink_rows >= 1, "need kink > 1 and kink_rows >= 1")
+        _check(self.ramp_rate_spread >= 1, "ramp_rate_spread must be >= 1")
         _check(self.raise_factor > self.flat >= 1 and self.restart_slack >= 1,
                "need raise_factor > flat >= 1 and restart_slack >= 1")
         _check(self.held_steps >= 1 and self.lag_rows >= 1, "held_steps and lag_rows must be >= 1")

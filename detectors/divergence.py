@@ -273,6 +273,37 @@ def restart_before(steps: np.ndarray, lr: np.ndarray, onset: int, until: int, lr
     return r
 
 
+def ramp_low(at: np.ndarray, v: np.ndarray, k: int, lrc: LRConfig) -> tuple[int, float]:
+    """(index, schedule factor): the lowest row of the rise row ``k`` is on (into ``at``/``v``: the rows of a finite,
+    positive LR), back down it while the LR rose into each row and on across a schedule's one-row step down inside
+    it, and the product of the steps crossed (1.0 when none). A step or multistep schedule multiplies the LR by a
+    constant at one row, while a ramp multiplies every update: where the LR rose into the row before the step at the
+    same rate per step as it rises out of the row after it (within ``LRConfig.ramp_rate_spread``), one ramp runs on
+    both sides and began before the step (fresh seed 978851's run 097: a ramp of x1.025 a step from its update at 261
+    across the multistep's x0.35 at 387, read as a raise at 388; the advice was a checkpoint 117 updates into the
+    ramp). How far the ramp itself raised the LR is then the LR's rise over that row divided by the schedule's own
+    factor, the step less the ramp's growth over its interval. A burst that ended steps down from a held LR, not
+    from a rise."""
+    def rate(i: int) -> float:  # log LR's rise per step from row i - 1 to row i
+        return math.log(v[i] / v[i - 1]) / max(float(at[i] - at[i - 1]), 1.0)
+
+    factor = 1.0
+    while k > 0:
+        if v[k - 1] < v[k]:
+            k -= 1
+            continue
+        if not (v[k - 1] > v[k] and k >= 2 and k + 1 < len(v)):
+            break
+        before, after = rate(k - 1), rate(k + 1)
+        same_ramp = max(before, after) <= lrc.ramp_rate_spread * min(before, after)
+        if not (before > KINK_FLOOR and after > KINK_FLOOR and same_ramp):
+            break
+        ramp = math.exp((before + after) / 2 * max(float(at[k] - at[k - 1]), 1.0))
+        factor *= float(v[k] / v[k - 1]) / ramp
+        k -= 1  # the row before the step: the ramp goes on down from there
+    return k, factor
+
+
 def lr_rise_start(steps: np.ndarray, lr: np.ndarray, onset: int, lrc: LRConfig, until: int | None = None) -> int | None:
     """Index of the first row of a learning-rate rise (to >= ``raise_factor`` x its lowest point in the last
     ``LR_LOOKBACK`` rows, looking twice as far back while that point is the window's first row: a slow ramp started
@@ -297,6 +328,7 @@ def lr_rise_start(steps: np.ndarray, lr: np.ndarray, onset: int, lrc: LRConfig, 
         top = at + int(np.argmax(lr[idx[at:]]))  # the highest LR from the onset to the peak
         # The last lowest LR before that: on a decaying schedule a ramp's lowest point can follow the onset.
         k = top - int(np.argmin(lr[idx[:top + 1]][::-1]))
+        k, steps_down = ramp_low(steps[idx], lr[idx], k, lrc)  # a ramp across a schedule's step began before it
         low = idx[k]
         if k == 0 and lo > start and lo == onset - lookback:  # a ramp longer than the window: its start lies further back
             lookback *= 2
@@ -305,7 +337,7 @@ def lr_rise_start(steps: np.ndarray, lr: np.ndarray, onset: int, lrc: LRConfig, 
         # The warm-up's own rise: its first raised row inside the warm-up (the row before a burst may be its last).
         if k < top and in_warmup(steps, lr, int(steps[idx[k + 1]]), lrc):
             return None
-        if k >= top or not lr[idx[top]] >= lrc.raise_factor * lr[low]:  # no rise over the low: off the path?
+        if k >= top or not lr[idx[top]] >= lrc.raise_factor * lr[low] * steps_down:  # no rise: off the path?
             ramp = off_path_rise(steps[idx], lr[idx], at, len(idx) - 1, lrc)
             return None if ramp is None else int(idx[ramp])
         first = int(idx[k + 1])
@@ -828,9 +860,7 @@ def lr_raised_since(steps: np.ndarray, lr: np.ndarray, lrc: LRConfig, history: i
     low = np.flatnonzero(v <= v[-1] / lrc.raise_factor)
     if not len(low):
         return None
-    k = int(low[-1])
-    while k > 0 and v[k - 1] < v[k]:  # back down the rise to its lowest row
-        k -= 1
+    k, _ = ramp_low(steps[idx], v, int(low[-1]), lrc)  # back down the rise to its lowest row
     # Where it left the schedule's path, looked for no further back than a cause is (``LR_LOOKBACK``) nor before
     # the history a resumed segment was seeded with.
     first = rise_began(steps[idx], v, k, max(int(np.searchsorted(idx, history)), k - LR_LOOKBACK), lrc)

@@ -2806,3 +2806,49 @@ def test_95_a_lone_interval_at_six_to_seven_sigmas_of_a_wandering_host_is_not_a_
         report = analyze(rows_table(steps, time=np.cumsum(interval), loss=loss_curve(n), grad_norm=grad_curve(n)))
         assert [(f.kind, f.onset_step, f.severity) for f in report.findings if f.kind in ("stall", "slowdown")] \
             == expected, (factor, raw.evidence["z"])
+
+
+# 96. A ramp that runs across a schedule's step down began before the step.
+
+@pytest.mark.parametrize("name,kind,onset,checkpoint", [
+    # the LR x1.025 a step from its update at 261 (first consequence 262), the multistep's x0.35 at 387 on the way: the raise was
+    # read from 388, and the advice 378 lay 116 updates into the ramp
+    ("f978851-097", "divergence", 262, 252),
+    # the LR x1.015 a step from its update at 823, the multistep's step at 942: the rise read from 942, advice 936
+    ("f846832-026", "divergence", 824, 819),
+])
+def test_96_a_ramp_across_a_schedule_step_down_began_before_the_step(name, kind, onset, checkpoint) -> None:
+    """Real CPU training (fresh seeds 978851 and 846832, ``tests/fixtures/fresh``): fp32, batch 3, a multistep
+    schedule, an LR growing off it by a constant factor a step, and the schedule's step down on the way. A step
+    schedule multiplies the LR once, at one row; the ramp multiplies every update, at the same rate on both sides
+    of the step: one ramp, begun before the step, and the advice precedes it (the labeller's checkpoint). Fails on
+    2c53c14 (the rise read from the row after the step: checkpoints 378 and 936)."""
+    report = _fresh_report(name)
+    [exc] = [f for f in report.findings if f.needs_action]
+    assert (exc.kind, exc.onset_step) == (kind, onset), exc
+    assert report.rollback is not None and report.rollback.checkpoint_step == checkpoint, report.rollback.reason
+
+
+def test_96_guard_a_ramp_after_a_step_down_from_another_rate_begins_after_it() -> None:
+    """A ramp of x1.01 a step from 200, the schedule's x0.3 at 300, then a ramp of x1.002 a step: the rates on the two
+    sides of the step differ five-fold, two causes and not one ramp; the later one, which the loss answers, began at
+    the step (the row after it the first under it)."""
+    n = 700
+    steps = np.arange(n)
+    lr = np.full(n, 1e-3)
+    lr[200:300] = 1e-3 * 1.01 ** np.arange(1, 101)
+    lr[300:] = lr[299] * 0.3 * 1.002 ** np.arange(0, n - 300)
+    rise = lr_rise_start(steps, lr, 450, DEFAULT.lr, until=n - 1)
+    assert rise is not None and 299 <= rise <= 301, rise
+
+
+def test_96_guard_a_ramp_across_a_step_is_measured_net_of_the_step() -> None:
+    """Real CPU training (fresh seed 846832's run 065): fp16, a step schedule, a log every 2 steps, checkpoints every
+    78. A ramp of x1.005 a step from 236, across the schedule's x0.1 at 308; the loss out from 350. The LR at the
+    log's end stands under the ramp's first row (the step took 10x off), so the ramp's rise is the LR's rise over
+    the step with the step's factor taken out (x4.3 by the last row): the cause, and the advice precedes it (156, the
+    labeller's), as before the walk crossed steps. Measured gross, a rise across a step read as no rise at all."""
+    report = _fresh_report("f846832-065")
+    [exc] = [f for f in report.findings if f.needs_action]
+    assert (exc.onset_step, exc.evidence["trend_break_step"]) == (350, 236), exc
+    assert report.rollback is not None and report.rollback.checkpoint_step == 156, report.rollback.reason
