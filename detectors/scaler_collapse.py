@@ -464,10 +464,13 @@ class ScalerScanner:
 
     def _counts(self, ep: dict) -> bool:
         """A skip burst always counts; a halving chain once it fell under the floor, or 2^min_halvings (outside
-        calibration) faster than the healthy rate explains (its alarm)."""
+        calibration) faster than the healthy rate explains (its alarm). A chain that began under the floor did not
+        fall under it: it is an ordinary backoff in the tail of the collapse that took the scale there (fresh seed
+        694513's run 089: one overflow at 0.25 while the scaler regrew from 0.03, read as a collapse of its own,
+        which ended the first one's search for its late recovery; test 97)."""
         if "calibration" not in ep:
             return True
-        return ep["min"] < self.cfg.floor or "alarm" in ep
+        return (ep["min"] < self.cfg.floor and not ep["before"] < self.cfg.floor) or "alarm" in ep
 
     def _classify(self, ep: dict, recovered: bool | None, obs: Observations) -> Finding:
         steps, cfg, n = obs["step"], self.cfg, len(obs["step"])

@@ -2852,3 +2852,40 @@ def test_96_guard_a_ramp_across_a_step_is_measured_net_of_the_step() -> None:
     [exc] = [f for f in report.findings if f.needs_action]
     assert (exc.onset_step, exc.evidence["trend_break_step"]) == (350, 236), exc
     assert report.rollback is not None and report.rollback.checkpoint_step == 156, report.rollback.reason
+
+
+# 97. A backoff under the floor while the scaler regrows from a collapse is that collapse's tail, not one of its own.
+
+def _regrowing_scale(n: int, backoff_at: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """GradScaler's rule, growth interval 31: steady at 4096 (the run's sawtooth left out), 17 skips every other step
+    from 788 (4096 -> 0.03125), then a doubling per 31 clean steps; one ordinary overflow at ``backoff_at``."""
+    scale, found = np.empty(n), np.zeros(n, bool)
+    s, clean = 4096.0, 0
+    for i in range(n):
+        if (788 <= i < 822 and (i - 788) % 2 == 0) or i == backoff_at:
+            found[i], s, clean = True, s / 2, 0
+        else:
+            clean += 1
+            if clean == 31 and i >= 822:
+                s, clean = s * 2, 0
+        scale[i] = s  # the scale after step i's update, as the next row logs it
+    return np.r_[4096.0, scale[:-1]], found
+
+
+@pytest.mark.parametrize("backoff_at", [None, 920])
+def test_97_a_backoff_under_the_floor_while_regrowing_is_the_collapses_own_tail(backoff_at) -> None:
+    """Real CPU training in miniature (fresh seed 694513's run 089, fp16, growth interval 31): 17 overflows every
+    other step from 788 take the scale 4096 -> 0.03; it regrows a doubling per 31 clean steps, and one ordinary
+    overflow at 920, at a scale of 0.25, halves it once. That halving, under the floor of 1, was read as a collapse
+    of its own, and the first one's late recovery was looked for only up to it: "did not recover", advice, though
+    the scale was back within 4x of 4096 by the end. A chain that began under the floor is the tail of the collapse
+    that took it there. Fails on 938ed70 (a second collapse at 920; the first needs action)."""
+    n = 1347
+    steps = np.arange(n)
+    scale, found = _regrowing_scale(n, backoff_at)
+    assert scale[-1] >= 1024  # regrown within 2^2 of 4096
+    report = analyze(rows_table(steps, loss=loss_curve(n), grad_norm=grad_curve(n), loss_scale=scale,
+                                found_inf=found), meta={"scaler": {"growth_interval": 31}})
+    collapses = [f for f in report.findings if f.kind == "scaler_collapse"]
+    assert [(f.self_recovered, f.needs_action) for f in collapses] == [(True, False)], collapses
+    assert 788 <= collapses[0].onset_step <= 790
