@@ -341,11 +341,10 @@ def label_run(injections: list[Injection], lines: dict[int, Lineage], cuts: dict
             labels.append(lab)
     labels += nan_after(labels, injections, lines)
     labels += natural_events(lines, rules)
-    labels += aftershocks(labels, lines, rules)
     return [replace(lab, open=cuts.get(lab.segment) is None or lab.onset <= cuts[lab.segment]) for lab in labels]
 
 
-def natural_events(lines: dict[int, Lineage], rules: LabelRules, line: str = "twin") -> list[Label]:
+def natural_events(lines: dict[int, Lineage], rules: LabelRules) -> list[Label]:
     """What the fault-free twin did on its own: ``dont_care`` spans, neither a fault to find nor a false alarm.
 
     Training itself makes real excursions (a batch-1 run's loss doubling for hundreds of steps, a scaler that
@@ -353,42 +352,23 @@ def natural_events(lines: dict[int, Lineage], rules: LabelRules, line: str = "tw
     difference shows nothing there; a finding on one is true about the run but not about an injected fault.
     Judged on the twin alone with the same thresholds as the labels: the loss against its level before
     (median of the previous ``noise_window`` observations) in its own noise, the scale in halvings below
-    its running maximum since the last growth, step time in its own variability. ``line="faulty"`` judges the
-    faulty run alone the same way (``aftershocks``).
+    its running maximum since the last growth, step time in its own variability.
     """
     out: list[Label] = []
     for seg, lin in lines.items():
         own = np.flatnonzero(lin.segment == seg)
         if len(own) < 2 * rules.lift_run:
             continue
-        steps, values = lin.step[own], getattr(lin, line)
-        loss = values["loss"].astype(float)[own]
+        steps = lin.step[own]
+        loss = lin.twin["loss"].astype(float)[own]
         for a, b in _own_excursions(loss, rules, log=False):
             out.append(Label("spike", "natural", int(steps[a]), int(steps[b]), seg, dont_care=True))
-        st = values["step_time"].astype(float)[own]
+        st = lin.twin["step_time"].astype(float)[own]
         for a, b in _own_excursions(st, rules, log=True, time=True):
             out.append(Label("slowdown", "natural", int(steps[a]), int(steps[b]), seg, dont_care=True))
-        scale = values["loss_scale"].astype(float)[own]
+        scale = lin.twin["loss_scale"].astype(float)[own]
         for a, b in natural_slides(scale, rules):
             out.append(Label("scaler_collapse", "natural", int(steps[a]), int(steps[b]), seg, dont_care=True))
-    return out
-
-
-def aftershocks(labels: list[Label], lines: dict[int, Lineage], rules: LabelRules) -> list[Label]:
-    """What the faulty run did on its own that no label explains: ``dont_care`` spans (subtype ``aftershock``).
-
-    Once a fault has changed the weights, the faulty run makes excursions the twin does not (an LR burst's
-    model spiking again 20-500 steps after its label ended, the burst's own excursion back in band: fresh
-    seed 448775's run 051 three times). The twin-difference cannot size them (it carries two models' batch
-    noise by then), and the twin cannot vouch that the run is healthy there: judged on the faulty run alone by
-    ``natural_events``' rule, an excursion there is true about the run, and the runs differ only by the fault,
-    so it is the fault's, neither a fault to find nor a false alarm. Spans touching a label of the same kind
-    (the fault's own, a natural one of the twin's) are that label's."""
-    out = []
-    for lab in natural_events(lines, rules, line="faulty"):
-        if not any(o.kind == lab.kind and o.segment == lab.segment and o.onset <= lab.end and lab.onset <= o.end
-                   for o in labels):
-            out.append(replace(lab, subtype="aftershock"))
     return out
 
 

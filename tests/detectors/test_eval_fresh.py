@@ -186,26 +186,6 @@ def test_a_fault_in_a_segment_that_never_ran_is_no_label() -> None:
     assert [(lab.kind, lab.segment) for lab in labels if not lab.dont_care] == [("spike", 0)]
 
 
-def test_the_faulty_runs_own_excursion_after_its_fault_is_a_dont_care_aftershock() -> None:
-    """Fresh seed 448775's run 051 in miniature: an LR burst's excursion (100-110) back in band, then the faulty
-    model spikes on its own at 200-205, which the twin does not: not the burst's label (it ended), and no healthy
-    step either, so a finding there is neither a hit nor a false alarm. The twin's own spike at 300 stays natural."""
-    effect = np.zeros(400)
-    effect[100:110] = 1.0
-    effect[200:206] = 1.5
-    lin = _lineage(effect)
-    lin.twin["loss"][300] += 1.0
-    lin.faulty["loss"][300] += 1.0
-    labels = label_run([Injection("spike", "lr_burst", 0, 99, 100, 101)], {0: lin}, {0: None}, 1)
-    burst = [lab for lab in labels if lab.subtype == "lr_burst"]
-    assert len(burst) == 1 and not burst[0].dont_care and burst[0].end < 200
-    after = [lab for lab in labels if lab.subtype == "aftershock"]
-    assert [(lab.kind, lab.dont_care) for lab in after] == [("spike", True)]
-    assert 200 - LabelRules().lift_run < after[0].onset <= 200 <= 205 <= after[0].end  # a window mean dates it
-    natural = [lab for lab in labels if lab.subtype == "natural"]
-    assert [lab.kind for lab in natural] == ["spike"] and natural[0].onset <= 300 <= natural[0].end
-
-
 def _scaler_lineage(faulty_scale: np.ndarray) -> Lineage:
     """A twin whose scale sits at 2^16; the faulty run's scale as given (found_inf where it halved)."""
     n = len(faulty_scale)
