@@ -98,15 +98,29 @@ def _health(ckpt_step: int, main: dict[str, np.ndarray], findings: list[Finding]
         # Only the part of an incident on the main line: what a later resume abandoned is no state the main line
         # had, and its steps come again in the resumed segment (fresh seed 418024's run 095: a NaN from 143 on a
         # branch abandoned for checkpoint 80 refused the resumed segment's healthy checkpoint 160).
-        end = min(f.end_step, _abandoned_from(f.segment, segments) - 1)
+        end = min(_state_end(f), _abandoned_from(f.segment, segments) - 1)
         if f.kind in NO_ROLLBACK_KINDS or f.severity == "info" or not f.onset_step - 1 <= ckpt_step <= end:
             continue
+        if f.kind == "scaler_collapse":  # the loss coming back says nothing of the scale (``_state_end``)
+            regrew = f" (its scale regrew by step {end + 1})" if end > f.end_step else ""
+            return False, f"inside the scaler_collapse from step {f.onset_step}{regrew}", None
         if not (f.self_recovered is True and not f.needs_action and _state_back(ckpt_step, main, f, cfg)):
             return False, f"inside the {f.kind} from step {f.onset_step}", None
     growth = _climb(main, ckpt_step + 1, cfg, lrc)
     if growth is not None:
         return False, f"activation norm climbing since step {growth}", growth
     return True, HEALTHY, None
+
+
+def _state_end(f: Finding) -> int:
+    """The last step whose state is incident ``f``'s: its end, and for a scaler collapse that came back the step
+    before its scale regrew (``recovery_steps`` from the onset). A checkpoint holds the scaler's state with the
+    weights: one taken after the last skip but while the scale is still more than 2^``recovered_within`` under
+    where it was resumes the collapse, not the healthy run (fresh seed 172015's run 060: 4096 -> 8 from 517, back
+    within 4x only by 847; checkpoint 732 was advised for an LR jump at 733, where the labeller, and the
+    scanner's own "back to normal", say 488)."""
+    rec = f.evidence.get("recovery_steps") if f.kind == "scaler_collapse" else None
+    return max(f.end_step, f.onset_step + int(rec) - 1) if rec is not None else f.end_step
 
 
 def _state_back(ckpt_step: int, main: dict[str, np.ndarray], f: Finding, cfg: AdviceConfig) -> bool:

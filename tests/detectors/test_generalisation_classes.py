@@ -2889,3 +2889,44 @@ def test_97_a_backoff_under_the_floor_while_regrowing_is_the_collapses_own_tail(
     collapses = [f for f in report.findings if f.kind == "scaler_collapse"]
     assert [(f.self_recovered, f.needs_action) for f in collapses] == [(True, False)], collapses
     assert 788 <= collapses[0].onset_step <= 790
+
+
+# 98. A checkpoint taken while the loss scale regrows from a collapse holds the collapse's state.
+
+def _collapse_then_regrowth(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """GradScaler's rule, growth interval 30: steady at 2^16, 11 overflows every other step from 500 (2^16 -> 32),
+    then a doubling per 30 clean steps: back within 2^2 of 2^16 at 790."""
+    scale, found = np.empty(n), np.zeros(n, bool)
+    s, clean = 2.0**16, 0
+    for i in range(n):
+        if 500 <= i < 522 and (i - 500) % 2 == 0:
+            found[i], s, clean = True, s / 2, 0
+        else:
+            clean += 1
+            if clean == 30 and i >= 522:
+                s, clean = min(s * 2, 2.0**16), 0
+        scale[i] = s
+    return np.r_[2.0**16, scale[:-1]], found
+
+
+def test_98_a_checkpoint_while_the_scale_regrows_is_inside_the_collapse() -> None:
+    """Fresh seed 172015's run 060 in miniature: a collapse from 500 that comes back (the scaler regrows to within
+    4x of 2^16 by ~790), then the loss jumps from 750 and stays up; checkpoints every 100 steps from 150.
+    Checkpoints 550 and 650 lie after the last skip but while the scale is still 2^7-2^9 under where it was:
+    resuming one resumes the collapse. The advice is 450, the last checkpoint before the collapse; the scanner's
+    own recovery time says where its state ended. Fails on 65af231 (checkpoint 650: the collapse's end read as
+    its last skip)."""
+    n = 1000
+    steps = np.arange(n)
+    scale, found = _collapse_then_regrowth(n)
+    loss = loss_curve(n)
+    loss[750:] += 3.0
+    report = analyze(rows_table(steps, loss=loss, grad_norm=grad_curve(n), loss_scale=scale, found_inf=found),
+                     events_table([{"event": "checkpoint", "step": s, "payload": {"path": f"ckpt/{s}"}}
+                                   for s in range(150, n, 100)]), meta={"scaler": {"growth_interval": 30}})
+    [collapse] = [f for f in report.findings if f.kind == "scaler_collapse"]
+    regrew = collapse.onset_step + collapse.evidence["recovery_steps"]
+    assert collapse.self_recovered is True and 500 <= collapse.onset_step <= 502 and 780 <= regrew <= 800, collapse
+    assert report.rollback is not None and report.rollback.checkpoint_step == 450, report.rollback
+    rejected = report.rollback.evidence["rejected_checkpoints"]
+    assert [r["step"] for r in rejected if f"regrew by step {regrew}" in r["why"]] == [650, 550], rejected
