@@ -316,6 +316,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=1, help="processes for the sweep's points")
     parser.add_argument("--fields", help="sweep only these thresholds (comma-separated, e.g. spike.cusum_h,stall.z)")
     args = parser.parse_args(argv)
+    if args.fields is not None:  # a misspelt name would sweep nothing, silently, after minutes of simulation
+        unknown = sorted(set(args.fields.split(",")) - {f"{c}.{f}" for c, f in SWEEPS})
+        if unknown or not args.sweep:
+            parser.error(f"--fields: unknown threshold {', '.join(unknown)} (known: "
+                         f"{', '.join(f'{c}.{f}' for c, f in SWEEPS)})" if unknown else "--fields needs --sweep")
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         real = import_healthy(Path(tmp))

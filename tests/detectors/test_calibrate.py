@@ -7,10 +7,11 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
-from calibrate import budget, poisson_upper  # noqa: E402
+from calibrate import budget, main, poisson_upper  # noqa: E402
 
 from runwatch.detectors.config import DEFAULT  # noqa: E402
 
@@ -37,3 +38,16 @@ def test_the_budget_names_each_alarm_by_its_draw_and_counts_every_step() -> None
     b = budget({"real-log": _timed_run(None)}, sims, DEFAULT)
     assert b["steps"] == 9000 and b["alarms"] == 1 and b["by_kind"] == {"sim stall": 1}
     assert b["list"][0].startswith("d1/sim-000: stall at 1999 (warning"), b["list"]
+
+
+@pytest.mark.parametrize("argv,says", [
+    (["--sweep", "--fields", "spike.cusum_h,spike.cusm_h"], "unknown threshold spike.cusm_h"),
+    (["--fields", "spike.cusum_h"], "--fields needs --sweep"),
+])
+def test_a_sweep_of_a_misspelt_or_idle_threshold_is_refused_before_any_work(argv, says, capsys) -> None:
+    """``--fields spike.cusm_h`` swept nothing after the minutes of simulating the healthy runs, and printed a
+    curve without that row; without ``--sweep`` the names were ignored. Both are a usage error (exit 2, one line
+    naming what is wrong) before anything is simulated."""
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    assert stop.value.code == 2 and says in capsys.readouterr().err
