@@ -316,11 +316,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=1, help="processes for the sweep's points")
     parser.add_argument("--fields", help="sweep only these thresholds (comma-separated, e.g. spike.cusum_h,stall.z)")
     args = parser.parse_args(argv)
-    if args.fields is not None:  # a misspelt name would sweep nothing, silently, after minutes of simulation
-        unknown = sorted(set(args.fields.split(",")) - {f"{c}.{f}" for c, f in SWEEPS})
-        if unknown or not args.sweep:
-            parser.error(f"--fields: unknown threshold {', '.join(unknown)} (known: "
-                         f"{', '.join(f'{c}.{f}' for c, f in SWEEPS)})" if unknown else "--fields needs --sweep")
+    known = [f"{c}.{f}" for c, f in SWEEPS]
+    wanted = set(known) if args.fields is None else set(args.fields.split(","))
+    # Checked before any work: a misspelt name would sweep nothing, silently, after minutes of simulation.
+    if wanted - set(known):
+        parser.error(f"--fields: unknown threshold {', '.join(sorted(wanted - set(known)))} (known: {', '.join(known)})")
+    if args.fields is not None and not args.sweep:
+        parser.error("--fields needs --sweep")
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         real = import_healthy(Path(tmp))
@@ -346,7 +348,6 @@ def main(argv: list[str] | None = None) -> int:
         lines += ["", "## The curve: threshold vs false alarms per 10^6 healthy steps vs held-out recall", "",
                   "| threshold | value | its kinds' alarms per 10^6 | all alarms per 10^6 | held-out recall |",
                   "|---|---|---:|---:|---:|"]
-        wanted = set(args.fields.split(",")) if args.fields else {f"{c}.{f}" for c, f in SWEEPS}
         points = [(component, field, value) for (component, field), values in SWEEPS.items()
                   if f"{component}.{field}" in wanted for value in values]
         _SHARED.update(real=real, sims=sims, shipped=shipped)

@@ -21,8 +21,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from evalruns import fresh  # noqa: E402
-from evalruns.heldout import subsample  # noqa: E402
-from twin_alarms import CACHE  # noqa: E402
+from twin_alarms import cached_twin  # noqa: E402
 
 from runwatch.detectors.config import DEFAULT  # noqa: E402
 from runwatch.detectors.divergence import _known_change_point  # noqa: E402
@@ -35,11 +34,7 @@ def looks(seed: int) -> list[float]:
     """The best-of-windows z at every ``EVERY``-th row after the warm-up of each clean twin of ``seed``."""
     cfg, out = DEFAULT.divergence, []
     for run in fresh.fresh_runs(seed):
-        path = fresh.cache_path(run, CACHE / f"seed{seed}")
-        if not path.exists():
-            raise SystemExit(f"{path}: not cached (run eval_detectors.py --set fresh --seed {seed} first)")
-        _, twin = fresh.train_pair(run, CACHE / f"seed{seed}")
-        rows, _ = subsample(*twin, run.spec.log_every)
+        rows, _ = cached_twin(run, seed)
         steps = np.array([r["step"] for r in rows])
         back = np.flatnonzero(np.diff(steps) <= 0)  # a resume: segment 0 ends there
         n = int(back[0]) + 1 if len(back) else len(steps)

@@ -45,6 +45,15 @@ def cached_seeds() -> list[int]:
     return sorted(s for s in seeds if (RESULTS / fresh.result_name(s) / "labels.json").exists())
 
 
+def cached_twin(run: fresh.FreshRun, seed: int) -> tuple[list[dict], list[dict]]:
+    """The logged rows and events of ``run``'s clean twin, read from the training cache (never trained here)."""
+    path = fresh.cache_path(run, CACHE / f"seed{seed}")
+    if not path.exists():  # train_pair would train it: this script only reads
+        raise SystemExit(f"{path}: not cached (run eval_detectors.py --set fresh --seed {seed} first)")
+    _, twin = fresh.train_pair(run, CACHE / f"seed{seed}")
+    return subsample(*twin, run.spec.log_every)
+
+
 def twin_alarms(seed: int) -> dict:
     """Alarms on every twin of ``seed`` outside the natural events labelled on it, and the healthy logged steps."""
     labels = json.loads((RESULTS / fresh.result_name(seed) / "labels.json").read_text())
@@ -54,11 +63,7 @@ def twin_alarms(seed: int) -> dict:
         root = Path(tmp)
         for run in fresh.fresh_runs(seed):
             spec, nat = run.spec, natural.get(run.spec.run, [])
-            path = fresh.cache_path(run, CACHE / f"seed{seed}")
-            if not path.exists():  # train_pair would train it: this script only reads
-                raise SystemExit(f"{path}: not cached (run eval_detectors.py --set fresh --seed {seed} first)")
-            _, twin = fresh.train_pair(run, CACHE / f"seed{seed}")
-            rows, events = subsample(*twin, spec.log_every)
+            rows, events = cached_twin(run, seed)
             write_run(root, spec.run, rows, events, meta={"source": "bench/twin_alarms", "seed": seed, **run.meta})
             with Store(root) as st:
                 table = st.rows(spec.run, rank=0)
