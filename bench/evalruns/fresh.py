@@ -41,9 +41,9 @@ from .counterfactual import LabelRules, label_run, lineage
 from .generate import write_run
 from .heldout import HeldoutSpec, subsample
 from .scenarios import LabelledRun
-from .truth import MainLine, backoff_bursts, right_checkpoint
+from .truth import MainLine, backoff_bursts, lr_raised, right_checkpoint
 
-VERSION = "fresh-v7"  # v7: a collapse is over once back under the depth of one (v6: within 1.5 halvings of the twin), a later loss fault ends its window, a natural slide spans from its first halving; v6: sigma from 64 twin observations centred on the fault (v5: the 64 before it; v4: 200); natural events from the first observations
+VERSION = "fresh-v8"  # v8: a checkpoint at the row before the first row showing an LR fault's raise is clean; v7: a collapse is over once back under the depth of one (v6: within 1.5 halvings of the twin), a later loss fault ends its window, a natural slide spans from its first halving; v6: sigma from 64 twin observations centred on the fault (v5: the 64 before it; v4: 200); natural events from the first observations
 NUM_RUNS = 150
 
 
@@ -126,7 +126,8 @@ def main_line(full: tuple[list, list], logged: tuple[list, list], spec: HeldoutS
         num_resumes += ev["event"] == "resume"
         if ev["event"] == "checkpoint" and on_main(ev["step"], num_resumes):
             ckpts.append(int(ev["step"]))
-    return MainLine(np.sort(np.array(steps)), tuple(ckpts), backoff_bursts(overflows))
+    return MainLine(np.sort(np.array(steps)), tuple(ckpts), backoff_bursts(overflows),
+                    lr_raised(spec.faults, spec.num_steps - 1))
 
 
 def label(run: draws.FreshRun, faulty: tuple[list, list], twin: tuple[list, list],

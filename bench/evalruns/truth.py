@@ -8,7 +8,11 @@ is therefore the latest checkpoint c on the main line that
 
 - lies strictly before the last logged step before the onset of the earliest
   open label that needs action (per-step logs: c <= onset - 2); labels that
-  recovered before it do not push it back;
+  recovered before it do not push it back. The one exception is an LR the
+  log shows: the LR logged at step s is the one update s ran at, so where the
+  onset's own row is the first to show an LR fault's raised LR, every update
+  up to the row before it ran at the old LR and the checkpoint at that row is
+  clean (a coarse log: the raise came somewhere after that row);
 - is not inside any labelled excursion's [onset - 1, end] (its state is
   mid-excursion: checkpoint onset - 1 made the onset's observation);
 - is not inside a loss-scale backoff burst (a healthy checkpoint has its loss
@@ -37,6 +41,15 @@ class MainLine:
     logged: np.ndarray  # logged steps on the main line, ascending
     checkpoints: tuple[int, ...]  # checkpoint steps on the main line
     backoff_bursts: tuple[tuple[int, int], ...] = ()  # [first, last] overflow steps of each burst
+    lr_raised: tuple[tuple[int, int, int], ...] = ()  # (segment, first, last) steps an LR fault raised the LR at
+
+
+LR_FAULTS = ("lr_burst", "lr_jump", "lr_grow", "lr_ramp")
+
+
+def lr_raised(faults: Iterable[object], last_step: int) -> tuple[tuple[int, int, int], ...]:
+    """(segment, first, last) steps each LR fault of ``faults`` (``training.Fault``) raised the LR at."""
+    return tuple((f.segment, f.step, min(f.step + f.length - 1, last_step)) for f in faults if f.kind in LR_FAULTS)
 
 
 def backoff_bursts(overflow_steps: Iterable[int]) -> tuple[tuple[int, int], ...]:
@@ -67,13 +80,19 @@ def right_checkpoint(labels: Sequence[object], line: MainLine) -> int | None:
     targets = [lab for lab in real if lab.needs_action]
     if not targets:
         return None
-    onset = min(lab.onset for lab in targets)
+    first = min(targets, key=lambda lab: lab.onset)
+    onset = first.onset
     before = line.logged[line.logged < onset]
     if not len(before):
         return None
     limit = int(before[-1])
+
+    def raised(step: int) -> bool:
+        return any(seg == first.segment and a <= step <= b for seg, a, b in line.lr_raised)
+
+    clean_to = limit if raised(onset) and not raised(limit) else limit - 1
     blocked = [(lab.onset - 1, lab.end) for lab in real if lab.kind in EXCURSION_KINDS] + list(line.backoff_bursts)
-    ok = [c for c in line.checkpoints if c < limit and not any(lo <= c <= hi for lo, hi in blocked)]
+    ok = [c for c in line.checkpoints if c <= clean_to and not any(lo <= c <= hi for lo, hi in blocked)]
     return max(ok, default=None)
 
 
@@ -116,4 +135,5 @@ def spec_main_line(spec: object) -> MainLine:
         seg1_overflows = [s for f in spec.faults if f.kind == "overflow" and f.segment == 1
                           for s in range(f.step, f.step + f.length, f.every)]
         overflows = [s for s in overflows if s <= r.from_ckpt] + seg1_overflows
-    return MainLine(np.unique(np.concatenate(parts)), tuple(ckpts), backoff_bursts(overflows))
+    return MainLine(np.unique(np.concatenate(parts)), tuple(ckpts), backoff_bursts(overflows),
+                    lr_raised(spec.faults, spec.num_steps - 1))

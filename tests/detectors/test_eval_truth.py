@@ -40,6 +40,19 @@ def test_right_checkpoint(labels, logged, ckpts, bursts, expect) -> None:
     assert right_checkpoint(labels, MainLine(logged, ckpts, bursts)) == expect
 
 
+@pytest.mark.parametrize("raised, expect", [
+    (((0, 110, 10**6),), 100),  # the raise shows first at the onset's row 125: update 100 ran at the old LR
+    (((0, 100, 10**6),), 50),  # row 100 shows it: its update ran under it
+    (((0, 105, 107),), 50),  # a burst over before the onset's row: the log never showed it, a consequence rule
+    (((1, 110, 10**6),), 50),  # another segment's fault
+])
+def test_a_checkpoint_at_the_last_row_of_the_old_lr_is_right(raised, expect) -> None:
+    """The LR logged at step s is the one update s ran at: where the onset's own row is the first to show an LR
+    fault's raise, the checkpoint at the row before it holds no update under the raise (fresh-v8)."""
+    labels = [Label("divergence", "lr_jump", 125, 300, needs_action=True)]
+    assert right_checkpoint(labels, MainLine(np.arange(0, 301, 25), (50, 100), (), raised)) == expect
+
+
 def test_backoff_bursts_are_two_or_more_overflows_close_together() -> None:
     assert backoff_bursts([5, 50, 51, 53, 90, 200, 202]) == ((50, 53), (200, 202))
     assert backoff_bursts([10, 40, 70]) == ()
@@ -50,9 +63,11 @@ def test_dev_and_heldout_rollbacks_follow_the_rule() -> None:
         if lr.rollback_step is None:
             continue
         line = spec_main_line(lr.spec)
-        onset = min(lab.onset for lab in lr.labels if lab.needs_action and lab.open)
+        first = min((lab for lab in lr.labels if lab.needs_action and lab.open), key=lambda lab: lab.onset)
+        limit = line.logged[line.logged < first.onset][-1]
         assert lr.rollback_step in line.checkpoints
-        assert lr.rollback_step < line.logged[line.logged < onset][-1], lr.spec.run
+        raised = [a <= first.onset <= b and not a <= limit <= b for seg, a, b in line.lr_raised if seg == first.segment]
+        assert lr.rollback_step < limit or (lr.rollback_step == limit and any(raised)), lr.spec.run
 
 
 @pytest.mark.parametrize("skip_steps", [False, True])
