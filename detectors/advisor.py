@@ -72,6 +72,8 @@ def _payload(ev: dict) -> dict:
 HEALTHY = "loss scale ok, activation norm flat, all values finite"
 CONTRACT = ("a checkpoint at step s holds the update of step s, and the first bad value at step o was made by "
             "update o-1 (or the batch of o), so only a checkpoint before the last logged healthy step is clean")
+CONTRACT_LR = ("a checkpoint at step s holds the update of step s, and the LR logged at step s is the one update s "
+               "ran at, so a checkpoint at the last row of the old LR holds no update under the raise")
 
 
 def _health(ckpt_step: int, main: dict[str, np.ndarray], findings: list[Finding], segments: list[SegmentInfo],
@@ -99,7 +101,8 @@ def _health(ckpt_step: int, main: dict[str, np.ndarray], findings: list[Finding]
         # had, and its steps come again in the resumed segment (fresh seed 418024's run 095: a NaN from 143 on a
         # branch abandoned for checkpoint 80 refused the resumed segment's healthy checkpoint 160).
         end = min(_state_end(f), _abandoned_from(f.segment, segments) - 1)
-        if f.kind in NO_ROLLBACK_KINDS or f.severity == "info" or not f.onset_step - 1 <= ckpt_step <= end:
+        first = last_healthy_step(steps, f.onset_step) + 1 if raised_at(main, f, f.onset_step) else f.onset_step - 1
+        if f.kind in NO_ROLLBACK_KINDS or f.severity == "info" or not first <= ckpt_step <= end:
             continue
         if f.kind == "scaler_collapse":  # the loss coming back says nothing of the scale (``_state_end``)
             regrew = f" (its scale regrew by step {end + 1})" if end > f.end_step else ""
@@ -272,6 +275,22 @@ def last_healthy_step(steps: np.ndarray, onset: int) -> int:
     return int(steps[i - 1]) if i > 0 else onset - 1
 
 
+def raised_at(main: dict[str, np.ndarray], f: Finding, step: int) -> bool:
+    """Is ``step`` the first row to show the LR raise that finding ``f`` names as its cause (the LR up from the row
+    before, which was not itself up from its own)? The LR logged at step s is the one update s ran at, so every
+    update up to the row before ran at the old LR: that row's checkpoint is clean (``last_healthy_step`` itself,
+    where the onset of a bad value alone excludes it)."""
+    ev = f.evidence
+    if "lr" not in main or not (ev.get("lr_raised") or ev.get("lr_rise_step") is not None
+                                or ev.get("lr_step_up_step") is not None):
+        return False
+    i = int(np.searchsorted(main["step"], step))
+    if not 1 < i < len(main["step"]) or main["step"][i] != step:
+        return False
+    prior, before, now = main["lr"][i - 2:i + 1]
+    return bool(np.isfinite([prior, before, now]).all() and now > before and before <= prior)
+
+
 def _incident_onset(target: Finding, findings: list[Finding]) -> int:
     """Where the damage began: the earliest step of the onset's confidence set where the finding states one
     (``earliest_onset_step``: the advice must precede every step the change may have been at), or where the trend
@@ -300,7 +319,8 @@ def advise(findings: list[Finding], checkpoints: list[dict], main: dict[str, np.
         return None
     onset = _incident_onset(target, findings)
     healthy_step = last_healthy_step(main["step"], onset)
-    cutoff = healthy_step  # checkpoints strictly before the last healthy logged step
+    cause = raised_at(main, target, onset)
+    cutoff = healthy_step + 1 if cause else healthy_step  # checkpoints before the first update that may hold it
     evidence = {"finding": target.kind, "onset_step": target.onset_step, "incident_onset_step": onset,
                 "last_healthy_step": healthy_step}
     lrc = lr_config or LRConfig()
@@ -326,10 +346,11 @@ def advise(findings: list[Finding], checkpoints: list[dict], main: dict[str, np.
     if "act_norm_growth_from" in evidence:
         before = f"before the activation-norm growth from step {evidence['act_norm_growth_from']}"
     else:
-        before = f"before step {healthy_step}, the last logged step before the onset at {onset}"
+        before = (f"at or before step {healthy_step}, whose update still ran at the LR before its raise at step {onset}"
+                  if cause else f"before step {healthy_step}, the last logged step before the onset at {onset}")
     if chosen:
         reason = (f"{target.message}. Checkpoint {chosen['step']} is the latest one {before} that is retained and "
-                  f"healthy ({HEALTHY}); {CONTRACT}.")
+                  f"healthy ({HEALTHY}); {CONTRACT_LR if cause else CONTRACT}.")
         evidence["resume_hint"] = resume_hint(chosen["path"], skip)
     else:
         reason = f"{target.message}. No retained, healthy checkpoint exists {before}."

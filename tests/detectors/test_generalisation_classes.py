@@ -475,8 +475,9 @@ def test_14b_an_lr_ramp_that_reaches_x1_5_after_the_loss_moved_is_the_cause() ->
     report = analyze(rows_table(steps, loss=loss, grad_norm=grad_curve(n), lr=lr), _ckpts([1000, 1250, 1450, 1475]))
     [f] = report.findings
     assert (f.kind, f.needs_action, f.onset_step) == ("divergence", True, 1500), f
-    # The checkpoint contract on a coarse log: strictly before the last healthy row (1475).
-    assert report.rollback.checkpoint_step == 1450 and "lower" in " ".join(report.rollback.actions).lower()
+    # The LR logged at 1475 is the old one, so update 1475 ran under no part of the ramp: checkpoint 1475 is clean,
+    # though the loss is out at the ramp's first row (test 99).
+    assert report.rollback.checkpoint_step == 1475 and "lower" in " ".join(report.rollback.actions).lower()
 
 
 # 15. An LR raised off the schedule is a known change point: a small lasting lift after it is a divergence.
@@ -699,7 +700,7 @@ def test_20_an_lr_ramp_from_a_decayed_lr_is_the_onset_on_a_coarse_log(num_rows: 
                      _ckpts([int(s) for s in steps if s and s % 100 == 0]))
     [div] = [f for f in report.findings if f.kind == "divergence"]
     assert div.onset_step == steps[ramp] and div.needs_action, report.findings
-    assert report.rollback.checkpoint_step == steps[ramp] - 125  # at or before the last row before the onset
+    assert report.rollback.checkpoint_step == steps[ramp] - 25  # at the last row of the old LR (test 99)
     assert f"the learning rate began rising at {steps[ramp]}" in div.message
 
 
@@ -1818,7 +1819,7 @@ def test_63_guards_no_second_cause_without_an_unrecovered_excursion_and_a_later_
 
 # 64. An LR ramp still held at its raised level is still raised, though most of the excursion ran under less.
 
-@pytest.mark.parametrize("name,onset,checkpoint", [("f501650-115", 1018, 1015), ("f501650-146", 1325, 1235)])
+@pytest.mark.parametrize("name,onset,checkpoint", [("f501650-115", 1018, 1015), ("f501650-146", 1325, 1300)])
 def test_64_an_lr_ramp_held_up_at_the_end_is_still_raised_and_a_divergence(name: str, onset: int,
                                                                           checkpoint: int) -> None:
     """Real CPU training (fresh seed 501650, ``tests/fixtures/fresh``). Run 115: constant LR, an LR ramp x1.0004 a
@@ -1829,7 +1830,7 @@ def test_64_an_lr_ramp_held_up_at_the_end_is_still_raised_and_a_divergence(name:
     later half (run 115: x1.3), and for no row back near it, which a ramp's first rows are. A ramp whose last
     ``held_steps`` updates are all at the factor, never back since it got there, is still raised: a divergence
     from where the LR left its path, advice before it (run 146 advised 1495 before, inside the ramp). Fails on
-    HEAD~1."""
+    HEAD~1. Run 146's checkpoint 1300 is the last row of the old LR, clean since test 99 (1235 before)."""
     steps, cols = _fresh_run(name)
     events = json.loads((FIXTURES / "fresh" / f"{name}-checkpoints.json").read_text())
     report = analyze(rows_table(steps, **cols), events_table(events))
@@ -2846,12 +2847,13 @@ def test_96_guard_a_ramp_across_a_step_is_measured_net_of_the_step() -> None:
     """Real CPU training (fresh seed 846832's run 065): fp16, a step schedule, a log every 2 steps, checkpoints every
     78. A ramp of x1.005 a step from 236, across the schedule's x0.1 at 308; the loss out from 350. The LR at the
     log's end stands under the ramp's first row (the step took 10x off), so the ramp's rise is the LR's rise over
-    the step with the step's factor taken out (x4.3 by the last row): the cause, and the advice precedes it (156, the
-    labeller's), as before the walk crossed steps. Measured gross, a rise across a step read as no rise at all."""
+    the step with the step's factor taken out (x4.3 by the last row): the cause, and the advice precedes it, as
+    before the walk crossed steps: 234, the last row of the old LR (test 99; 156 before, the labeller's until
+    fresh-v8). Measured gross, a rise across a step read as no rise at all."""
     report = _fresh_report("f846832-065")
     [exc] = [f for f in report.findings if f.needs_action]
     assert (exc.onset_step, exc.evidence["trend_break_step"]) == (350, 236), exc
-    assert report.rollback is not None and report.rollback.checkpoint_step == 156, report.rollback.reason
+    assert report.rollback is not None and report.rollback.checkpoint_step == 234, report.rollback.reason
 
 
 # 97. A backoff under the floor while the scaler regrows from a collapse is that collapse's tail, not one of its own.
@@ -2930,3 +2932,31 @@ def test_98_a_checkpoint_while_the_scale_regrows_is_inside_the_collapse() -> Non
     assert report.rollback is not None and report.rollback.checkpoint_step == 450, report.rollback
     rejected = report.rollback.evidence["rejected_checkpoints"]
     assert [r["step"] for r in rejected if f"regrew by step {regrew}" in r["why"]] == [650, 550], rejected
+
+
+# 99. The LR the log shows is a logged observation of the cause: the update of the row before its raise ran at the old LR.
+
+@pytest.mark.parametrize("every, raised_from, expected", [
+    (25, 1210, 1200),  # a coarse log: the raise came somewhere in 1201-1225; update 1200 ran at the old LR
+    (1, 1201, 1200),  # a per-step log: the onset is the raise's first consequence, 1202, and the usual rule gives it
+    (25, 1190, 1100),  # guard: row 1200 already shows the raise, so its update ran under it
+])
+def test_99_a_checkpoint_at_the_last_row_of_the_old_lr_is_clean(every, raised_from, expected) -> None:
+    """The record logs at step s the LR update s ran at. An LR jumped x20 from update ``raised_from`` and held, the
+    loss up from the first row that can show it; checkpoints every 100 steps. Checkpoint 1200 holds updates up to
+    1200: where the LR logged at 1200 is still the old one, none of them ran under the raise, and it is clean, though
+    no logged loss lies between it and the onset (fresh seed 978851's run 065, a log every 25 steps: LR x40 first
+    shown at 1225, checkpoint 1200 refused for 1050; 319368's runs 041 and 123 alike). Where row 1200 already shows
+    the raise, its update may have made the damage. Fails on 43568af for the first (checkpoint 1100: the
+    consequence rule, which cannot tell whether update 1200 was bad, applied to a cause the log shows)."""
+    steps = np.arange(0, 2000, every)
+    n = len(steps)
+    lr = np.where(steps >= raised_from, 20.0, 1.0) * 1e-3
+    loss = loss_curve(n, noise=0.03)
+    first_bad = steps > raised_from  # the loss logged at s comes from the weights after update s - 1
+    loss[first_bad] += 2.0 + 0.002 * (steps[first_bad] - raised_from)
+    report = analyze(rows_table(steps, loss=loss, grad_norm=grad_curve(n), lr=lr),
+                     _ckpts(list(range(100, 2000, 100))))
+    assert report.rollback is not None and report.rollback.checkpoint_step == expected, report.rollback
+    if every > 1 and expected == 1200:
+        assert "still ran at the LR before its raise at step 1225" in report.rollback.reason, report.rollback.reason
