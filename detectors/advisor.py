@@ -101,7 +101,7 @@ def _health(ckpt_step: int, main: dict[str, np.ndarray], findings: list[Finding]
         # had, and its steps come again in the resumed segment (fresh seed 418024's run 095: a NaN from 143 on a
         # branch abandoned for checkpoint 80 refused the resumed segment's healthy checkpoint 160).
         end = min(_state_end(f), _abandoned_from(f.segment, segments) - 1)
-        first = last_healthy_step(steps, f.onset_step) + 1 if raised_at(main, f, f.onset_step) else f.onset_step - 1
+        first = last_healthy_step(steps, f.onset_step) + 1 if raised_at(main, f, f.onset_step, lrc) else f.onset_step - 1
         if f.kind in NO_ROLLBACK_KINDS or f.severity == "info" or not first <= ckpt_step <= end:
             continue
         if f.kind == "scaler_collapse":  # the loss coming back says nothing of the scale (``_state_end``)
@@ -275,11 +275,14 @@ def last_healthy_step(steps: np.ndarray, onset: int) -> int:
     return int(steps[i - 1]) if i > 0 else onset - 1
 
 
-def raised_at(main: dict[str, np.ndarray], f: Finding, step: int) -> bool:
-    """Is ``step`` the first row to show the LR raise that finding ``f`` names as its cause (the LR up from the row
-    before, which was not itself up from its own)? The LR logged at step s is the one update s ran at, so every
-    update up to the row before ran at the old LR: that row's checkpoint is clean (``last_healthy_step`` itself,
-    where the onset of a bad value alone excludes it)."""
+def raised_at(main: dict[str, np.ndarray], f: Finding, step: int, lrc: LRConfig) -> bool:
+    """Is ``step`` the first row to show the LR raise that finding ``f`` names as its cause, with the row before it
+    still on the old LR's path? The LR logged at step s is the one update s ran at, so every update up to that row
+    before ran at the old LR: its checkpoint is clean (``last_healthy_step`` itself, where the onset of a bad value
+    alone excludes it). On the path: not above the row before it, and fallen no more than the schedule fell on any
+    of the ``kink_rows`` rows before (or under 10%, ``lrc.flat``), as a cosine's coarse rows fall alike. A row that
+    fell further, a schedule's step down, may hide the raise's first updates under the step (fresh seed 890668's run
+    045: x0.3 and x1.0134 a step from update 1049 at once, the rise read from the next row)."""
     ev = f.evidence
     if "lr" not in main or not (ev.get("lr_raised") or ev.get("lr_rise_step") is not None
                                 or ev.get("lr_step_up_step") is not None):
@@ -287,8 +290,11 @@ def raised_at(main: dict[str, np.ndarray], f: Finding, step: int) -> bool:
     i = int(np.searchsorted(main["step"], step))
     if not 1 < i < len(main["step"]) or main["step"][i] != step:
         return False
-    prior, before, now = main["lr"][i - 2:i + 1]
-    return bool(np.isfinite([prior, before, now]).all() and now > before and before <= prior)
+    past, now = main["lr"][max(0, i - 2 - lrc.kink_rows):i], main["lr"][i]
+    if not (np.isfinite(past).all() and (past > 0).all() and now > past[-1]):
+        return False
+    fall = -np.diff(np.log(past))  # each row's fall from the row before it; the last is the row before the raise's
+    return bool(0.0 <= fall[-1] <= max(math.log(lrc.flat), float(fall[:-1].max(initial=0.0))))
 
 
 def _incident_onset(target: Finding, findings: list[Finding]) -> int:
@@ -319,11 +325,11 @@ def advise(findings: list[Finding], checkpoints: list[dict], main: dict[str, np.
         return None
     onset = _incident_onset(target, findings)
     healthy_step = last_healthy_step(main["step"], onset)
-    cause = raised_at(main, target, onset)
+    lrc = lr_config or LRConfig()
+    cause = raised_at(main, target, onset, lrc)
     cutoff = healthy_step + 1 if cause else healthy_step  # checkpoints before the first update that may hold it
     evidence = {"finding": target.kind, "onset_step": target.onset_step, "incident_onset_step": onset,
                 "last_healthy_step": healthy_step}
-    lrc = lr_config or LRConfig()
     growth = (_not_the_schedules(target.evidence.get("act_norm_climb_step"), main, lrc)
               or _climb(main, onset, cfg, lrc))
     if growth is not None and growth <= cutoff:

@@ -2960,3 +2960,19 @@ def test_99_a_checkpoint_at_the_last_row_of_the_old_lr_is_clean(every, raised_fr
     assert report.rollback is not None and report.rollback.checkpoint_step == expected, report.rollback
     if every > 1 and expected == 1200:
         assert "still ran at the LR before its raise at step 1225" in report.rollback.reason, report.rollback.reason
+
+
+def test_99_guard_a_raise_under_a_schedules_step_down_keeps_the_consequence_rule() -> None:
+    """Fresh seed 890668's run 045 (drawn at 4b1867e), in miniature: a log every 25 steps, a multistep schedule's x0.3
+    between rows 1025 and 1050, and an LR growing x1.0134 a step from update 1049 under it; the loss out from 1075.
+    Row 1050's LR is below row 1025's, so the rise reads from 1075, but row 1050 moved by the step: its update may
+    already have run under the raise (it did), and checkpoint 1050 is not known clean. The advice keeps the
+    consequence rule: 1015. Fails on 4b1867e (checkpoint 1050)."""
+    steps = np.arange(0, 1400, 25)
+    n = len(steps)
+    lr = np.where(steps < 1049, 1.7e-3, 0.51e-3 * 1.0134 ** np.maximum(steps - 1048, 0))
+    loss = loss_curve(n, noise=0.03)
+    loss[steps >= 1075] += 2.0 + 0.004 * (steps[steps >= 1075] - 1075)
+    report = analyze(rows_table(steps, loss=loss, grad_norm=grad_curve(n), lr=lr),
+                     _ckpts(list(range(35, 1400, 35))))
+    assert report.rollback is not None and report.rollback.checkpoint_step == 1015, report.rollback
