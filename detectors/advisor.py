@@ -352,7 +352,7 @@ def advise(findings: list[Finding], checkpoints: list[dict], main: dict[str, np.
     if "act_norm_growth_from" in evidence:
         before = f"before the activation-norm growth from step {evidence['act_norm_growth_from']}"
     else:
-        before = (f"at or before step {healthy_step}, whose update still ran at the LR before its raise at step {onset}"
+        before = (f"at or before step {healthy_step}, the last row at the old LR before its raise at step {onset},"
                   if cause else f"before step {healthy_step}, the last logged step before the onset at {onset}")
     if chosen:
         reason = (f"{target.message}. Checkpoint {chosen['step']} is the latest one {before} that is retained and "

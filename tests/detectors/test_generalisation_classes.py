@@ -2959,7 +2959,7 @@ def test_99_a_checkpoint_at_the_last_row_of_the_old_lr_is_clean(every, raised_fr
                      _ckpts(list(range(100, 2000, 100))))
     assert report.rollback is not None and report.rollback.checkpoint_step == expected, report.rollback
     if every > 1 and expected == 1200:
-        assert "still ran at the LR before its raise at step 1225" in report.rollback.reason, report.rollback.reason
+        assert "the last row at the old LR before its raise at step 1225" in report.rollback.reason, report.rollback.reason
 
 
 def test_99_guard_a_raise_under_a_schedules_step_down_keeps_the_consequence_rule() -> None:
