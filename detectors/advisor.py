@@ -100,9 +100,11 @@ def _health(ckpt_step: int, main: dict[str, np.ndarray], findings: list[Finding]
         # Only the part of an incident on the main line: what a later resume abandoned is no state the main line
         # had, and its steps come again in the resumed segment (fresh seed 418024's run 095: a NaN from 143 on a
         # branch abandoned for checkpoint 80 refused the resumed segment's healthy checkpoint 160).
+        if f.kind in NO_ROLLBACK_KINDS or f.severity == "info":
+            continue
         end = min(_state_end(f), _abandoned_from(f.segment, segments) - 1)
-        first = last_healthy_step(steps, f.onset_step) + 1 if raised_at(main, f, f.onset_step, lrc) else f.onset_step - 1
-        if f.kind in NO_ROLLBACK_KINDS or f.severity == "info" or not first <= ckpt_step <= end:
+        old_lr = old_lr_row(main, f, f.onset_step, lrc)
+        if not (f.onset_step - 1 if old_lr is None else old_lr + 1) <= ckpt_step <= end:
             continue
         if f.kind == "scaler_collapse":  # the loss coming back says nothing of the scale (``_state_end``)
             regrew = f" (its scale regrew by step {end + 1})" if end > f.end_step else ""
@@ -275,26 +277,27 @@ def last_healthy_step(steps: np.ndarray, onset: int) -> int:
     return int(steps[i - 1]) if i > 0 else onset - 1
 
 
-def raised_at(main: dict[str, np.ndarray], f: Finding, step: int, lrc: LRConfig) -> bool:
-    """Is ``step`` the first row to show the LR raise that finding ``f`` names as its cause, with the row before it
-    still on the old LR's path? The LR logged at step s is the one update s ran at, so every update up to that row
-    before ran at the old LR: its checkpoint is clean (``last_healthy_step`` itself, where the onset of a bad value
-    alone excludes it). On the path: not above the row before it, and fallen no more than the schedule fell on any
+def old_lr_row(main: dict[str, np.ndarray], f: Finding, step: int, lrc: LRConfig) -> int | None:
+    """The row before ``step`` where ``step`` is the first row to show the LR raise that finding ``f`` names as its
+    cause and that row is still on the old LR's path; else None. The LR logged at step s is the one update s ran at,
+    so every update up to that row ran at the old LR: its checkpoint is clean (``last_healthy_step`` itself, where
+    the onset of a bad value alone excludes it). On the path: not above the row before it, and fallen no more than the schedule fell on any
     of the ``kink_rows`` rows before (or under 10%, ``lrc.flat``), as a cosine's coarse rows fall alike. A row that
     fell further, a schedule's step down, may hide the raise's first updates under the step (fresh seed 890668's run
     045: x0.3 and x1.0134 a step from update 1049 at once, the rise read from the next row)."""
     ev = f.evidence
     if "lr" not in main or not (ev.get("lr_raised") or ev.get("lr_rise_step") is not None
                                 or ev.get("lr_step_up_step") is not None):
-        return False
+        return None
     i = int(np.searchsorted(main["step"], step))
     if not 1 < i < len(main["step"]) or main["step"][i] != step:
-        return False
+        return None
     past, now = main["lr"][max(0, i - 2 - lrc.kink_rows):i], main["lr"][i]
     if not (np.isfinite(past).all() and (past > 0).all() and now > past[-1]):
-        return False
+        return None
     fall = -np.diff(np.log(past))  # each row's fall from the row before it; the last is the row before the raise's
-    return bool(0.0 <= fall[-1] <= max(math.log(lrc.flat), float(fall[:-1].max(initial=0.0))))
+    on_path = 0.0 <= fall[-1] <= max(math.log(lrc.flat), float(fall[:-1].max(initial=0.0)))
+    return int(main["step"][i - 1]) if on_path else None
 
 
 def _incident_onset(target: Finding, findings: list[Finding]) -> int:
@@ -326,7 +329,7 @@ def advise(findings: list[Finding], checkpoints: list[dict], main: dict[str, np.
     onset = _incident_onset(target, findings)
     healthy_step = last_healthy_step(main["step"], onset)
     lrc = lr_config or LRConfig()
-    cause = raised_at(main, target, onset, lrc)
+    cause = old_lr_row(main, target, onset, lrc) is not None  # then that row is healthy_step, and clean itself
     cutoff = healthy_step + 1 if cause else healthy_step  # checkpoints before the first update that may hold it
     evidence = {"finding": target.kind, "onset_step": target.onset_step, "incident_onset_step": onset,
                 "last_healthy_step": healthy_step}
