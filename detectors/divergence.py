@@ -830,13 +830,19 @@ class DivergenceScanner:
         rise = lr_rise_start(steps, obs["lr"], i, self.ctx.config.lr, until=len(steps) - 1)
         if rise is not None:
             at = first_consequence(steps, rise)
+            if at > i and lifted_before(safe_log(act), i, at, self.cfg.growth_z):
+                at = i  # risen of its own before the rise's first consequence (as ``_not_before_its_cause`` asks)
         else:  # or one that began after the climb's block-dated start, before the norms had grown of their own
             at = self._not_before_its_cause(steps, obs["lr"], act, i, len(steps) - 1, len(steps) - 1, log=True)
         onset, caused = int(steps[at]), rise is not None or at != i
+        # A climb dated before the cause the onset moved to is the fit's error, not where the incident began, and
+        # the evidence does not name it: the advice walks back to a named climb (fresh seed 34384's run 008, an LR
+        # ramp from 1892, the climb dated 1886 and checkpoint 1785 advised for the clean 1890).
         return Finding(kind="divergence", onset_step=onset, end_step=int(steps[-1]), peak_step=int(steps[-1]),
                        segment=self.ctx.segment, severity="critical", self_recovered=False, needs_action=True,
                        evidence={"act_norm_ratio": act_ratio, "grad_norm_ratio": grad_ratio,
-                                 "act_norm_climb_step": climb, "lr_rise_step": onset if caused else None,
+                                 "act_norm_climb_step": climb if at <= i else None,
+                                 "lr_rise_step": onset if caused else None,
                                  "rule": "precursor", "loss_moved": moved, "detected_step": int(steps[-1])},
                        message=f"diverging from step {onset}: activation norm x{act_ratio:.2g} and gradient norm "
                                f"x{grad_ratio:.2g} and still climbing, "

@@ -2976,3 +2976,31 @@ def test_99_guard_a_raise_under_a_schedules_step_down_keeps_the_consequence_rule
     report = analyze(rows_table(steps, loss=loss, grad_norm=grad_curve(n), lr=lr),
                      _ckpts(list(range(35, 1400, 35))))
     assert report.rollback is not None and report.rollback.checkpoint_step == 1015, report.rollback
+
+
+# 100. A precursor's climb dated before the LR rise it was moved to is not where the incident began.
+
+@pytest.mark.parametrize("lifted_from", [None, 1866])
+def test_100_a_precursor_moved_to_its_lr_cause_does_not_walk_the_advice_back_to_the_climb(lifted_from) -> None:
+    """Real CPU training (fresh seed 34384's run 008, ``tests/fixtures/fresh``): fp32, batch 4, a linear schedule,
+    logged every 2 steps, checkpoints every 105. An LR ramp from update 1892 drives the activation and gradient
+    norms x7-8 (OPT's precursor). The climb is dated by blocks at 1886, three rows before the ramp, the norms flat
+    at 11-13 there; the precursor's onset moved to the ramp's first consequence (the rows before it carry no lift of
+    their own), but the evidence still named the climb and the advice walked back before it: checkpoint 1785, where
+    1890, the last row at the old LR, is clean. Fails on d2527ff (checkpoint 1785). Guard: the same run with both
+    norms doubled from 1866, a lift of their own before the ramp, keeps the climb as the onset and the advice
+    before it."""
+    steps, cols = _fresh_run("f34384-008")
+    if lifted_from is not None:
+        lift = np.where(steps >= lifted_from, 2.0, 1.0)
+        cols = {**cols, "grad_norm": cols["grad_norm"] * lift, "act_norm": cols["act_norm"] * lift}
+    report = analyze(rows_table(steps, **cols), events_table(json.loads(
+        (FIXTURES / "fresh" / "f34384-008-checkpoints.json").read_text())))
+    [div] = _alarms(report)
+    assert (div.kind, div.severity, div.evidence["rule"]) == ("divergence", "critical", "precursor"), div
+    if lifted_from is None:
+        assert div.onset_step == 1892 and div.evidence["act_norm_climb_step"] is None, div
+        assert report.rollback is not None and report.rollback.checkpoint_step == 1890, report.rollback
+    else:  # dated by blocks of 16 rows (32 steps here)
+        assert lifted_from - 32 <= div.onset_step == div.evidence["act_norm_climb_step"] <= lifted_from, div
+        assert report.rollback is not None and report.rollback.checkpoint_step == 1785, report.rollback
