@@ -315,8 +315,12 @@ def lr_rise_start(steps: np.ndarray, lr: np.ndarray, onset: int, lrc: LRConfig, 
     cause: the warm-up that opens the run, or a warm restart (one step back up to a level the run already trained
     at, as the spike detector's ``lr_scheduled`` reads it); a rise after a restart still counts."""
     # The search starts after the opening warm-up: its first row is the lowest LR of a short or coarse log, and
-    # a rise from there is the warm-up's, which would hide a ramp that began long after it.
+    # a rise from there is the warm-up's, which would hide a ramp that began long after it. An onset after a
+    # warm-up that went on rising past a burst inside it is read after all of it (``warmup_resumed_end``).
     warm = warmup_end(steps, lr, lrc)
+    resumed = warmup_resumed_end(steps, lr, lrc, warm)
+    if resumed is not None and resumed < steps[onset]:
+        warm = resumed
     start = 0 if warm is None else int(np.searchsorted(steps, warm))
     lo, lookback = max(start, onset - LR_LOOKBACK), LR_LOOKBACK
     end = max(onset, until if until is not None else onset)
@@ -609,6 +613,32 @@ def _unrounded(v: np.ndarray, at: np.ndarray, lrc: LRConfig) -> tuple[np.ndarray
 
 WARMUP_PREFIX = 4096
 """Rows the warm-up's end is first looked for in (then 8x as many, until it is found or the rows end)."""
+
+
+def warmup_resumed_end(steps: np.ndarray, lr: np.ndarray, lrc: LRConfig, end: int | None) -> int | None:
+    """The last step of the opening warm-up read through the bursts inside it (``end``: ``warmup_end``, which stops
+    before a burst so that the burst reads as a raise): where the LR, within ``lag_rows`` of the burst, is back within
+    ``flat`` of the warm-up's path (its last rise per step carried forward) and rises on from there, the warm-up
+    goes on, up to its own end. The rest of a warm-up is the schedule, not a ramp into a later excursion (fresh
+    seed 694513's run 015: an x5 burst at 46 of a 189-step warm-up, and an x300 burst at 202 read as a rise from
+    46, a divergence dated there)."""
+    while end is not None:
+        i = int(np.searchsorted(steps, end, side="right")) - 1
+        if i < 1 or i + 2 >= len(lr) or not (np.isfinite(lr[i - 1:i + 1]).all() and lr[i] > lr[i - 1] > 0):
+            return end
+        rate = math.log(lr[i] / lr[i - 1]) / max(float(steps[i] - steps[i - 1]), 1.0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ahead = slice(i + 2, min(len(lr), i + 2 + lrc.lag_rows))
+            path = math.log(lr[i]) + rate * (steps[ahead] - steps[i]) + math.log(lrc.flat)
+            back = np.flatnonzero(np.log(lr[ahead]) <= path)
+        if not len(back):
+            return end  # no way back to the path: the warm-up ended there
+        b = i + 2 + int(back[0])
+        later = warmup_end(steps[b:], lr[b:], lrc)  # rising on from the path, up to its own end
+        if later is None:
+            return end
+        end = later
+    return end
 
 
 def in_warmup(steps: np.ndarray, lr: np.ndarray, step: int, lrc: LRConfig) -> bool:

@@ -3004,3 +3004,27 @@ def test_100_a_precursor_moved_to_its_lr_cause_does_not_walk_the_advice_back_to_
     else:  # dated by blocks of 16 rows (32 steps here)
         assert lifted_from - 32 <= div.onset_step == div.evidence["act_norm_climb_step"] <= lifted_from, div
         assert report.rollback is not None and report.rollback.checkpoint_step == 1785, report.rollback
+
+
+# 101. The rest of a warm-up after a burst inside it is the schedule, not a ramp into a later excursion.
+
+@pytest.mark.parametrize("thrown", [False, True])
+def test_101_a_warmup_goes_on_past_a_burst_inside_it(thrown) -> None:
+    """Real CPU training (fresh seed 694513's run 015, ``tests/fixtures/fresh``): fp32, batch 2, a 189-step linear
+    warm-up, checkpoints every 56. An LR burst x5 at 46-49 inside the warm-up moves nothing; an LR burst x300 at 202
+    throws the loss 3.9 -> 36, back on its trend by 464; NaN weights from 1517. The warm-up's end is read before the
+    first row that steepens its rise, so that a burst inside it reads as a raise; but the LR then rising on along the
+    warm-up's path to 189 was read as a ramp, the rise into 202 walked back to 46: a divergence from 47, an alarm
+    where nothing happened, and no checkpoint before it, so no advice for the NaN (the right one is 1512). Fails on
+    679ec52 (a divergence from 47, advice None). Guard: the warm-up burst is still read as a raise where it throws the
+    loss (the loss lifted by 4 at 48-55: a spike from 48 "after the LR rose x5.4")."""
+    steps, cols = _fresh_run("f694513-015")
+    if thrown:
+        cols = {**cols, "loss": cols["loss"] + np.where((steps >= 48) & (steps < 56), 4.0, 0.0)}
+    report = analyze(rows_table(steps, **cols), events_table(json.loads(
+        (FIXTURES / "fresh" / "f694513-015-checkpoints.json").read_text())))
+    burst = [f for f in _alarms(report) if f.onset_step == 202]
+    assert [(f.kind, f.evidence["lr_raised"], f.self_recovered) for f in burst] == [("spike", True, True)], report.findings
+    early = [f for f in _alarms(report) if f.onset_step < 202]
+    assert [(f.kind, f.onset_step, f.evidence["lr_raised"]) for f in early] == ([("spike", 48, True)] if thrown else []), early
+    assert report.rollback is not None and report.rollback.checkpoint_step == 1512, report.rollback
