@@ -252,7 +252,7 @@ SWEEPS = {  # (component, field): values around the shipped one
     ("spike", "z_trigger"): [5.0, 6.0, 7.0, 8.0],
     ("scaler", "skip_h"): [10, 15, 20, 30],
     ("scaler", "min_halvings"): [3.0, 4.0, 5.0, 6.0],
-    ("slowdown", "min_sigmas"): [3.0, 4.0, 5.0, 6.0],
+    ("slowdown", "min_sigmas"): [3.0, 3.5, 4.0, 5.0, 6.0],
     ("slowdown", "cusum_h"): [10, 20, 40],
     ("stall", "z"): [6.0, 8.0, 10.0, 12.0],
     ("stall", "z_alone"): [6.0, 6.5, 7.0, 8.0],

@@ -405,13 +405,17 @@ class SlowdownConfig:
     z: float = 6.0
     """Sigmas of the run's own variability (within-block jitter and between-block wander together) one
     observation must exceed to count as slow."""
-    min_sigmas: float = 4.0
+    min_sigmas: float = 3.5
     """The median slowdown over the episode must also be this many sigmas of the run's own variability
     (wander included, and raised by how uncertain that variability still is: see ``SlowdownScanner``), the
     sigma of a median over the episode's length: one observation's sigma for an episode shorter than the
     wander's correlation time, shrinking as 1/sqrt(length / correlation time) beyond it (a noisy host's wander
     reaches 3-4 sigma for tens of steps now and then, not for many correlation times); set with
-    ``bench/calibrate.py``."""
+    ``bench/calibrate.py``: the budget is one warning-or-critical finding per 10^6 healthy steps for all kinds
+    together, and on its ten draws (30M steps) 3.5 makes 3 slowdown alarms of 17 in all (0.57 per 10^6, 95%
+    bound 0.85), 4 made 1 of 15 (0.50). The bar with the variability's uncertainty bound on top of it (x1.3-2.8
+    early in a noisy host's run) is what keeps early wander quiet; at 4, large slowdowns early in such runs were
+    missed as wander (fresh seed 929825's run 063: 4.8x slower for 143 steps from step 95, read at 3.7)."""
     cusum_k: float = 1.5
     """CUSUM reference value over the variability-scaled log step time: half of a 3-sigma shift, the smallest
     slowdown worth a page beyond a host's normal wander (which itself reaches 1-2 sigma for tens of steps)."""

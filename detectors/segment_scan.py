@@ -22,7 +22,7 @@ from runwatch.detectors.finding import Finding
 from runwatch.detectors.nan import nonfinite_masks
 from runwatch.detectors.registry import REGISTRY, scanner_class
 from runwatch.detectors.scanner import ScanContext
-from runwatch.detectors.slowdown import stall_spells
+from runwatch.detectors.slowdown import join_spells, stall_spells
 from runwatch.detectors.stall import drop_slowdown_stalls, lone_stalls
 
 SERIES: dict[str, tuple[str, ...]] = {
@@ -211,7 +211,7 @@ class SegmentDetectors:
         timed = self.buf["time"]["step"]
         lone, spells = stall_spells(found["stall"], self.config.slowdown, int(timed.view[-1]) if timed.size else -1)
         found["stall"] = lone_stalls(lone, self.config.stall)
-        found["slowdown"] += spells
+        found["slowdown"] = join_spells(found["slowdown"], spells, timed.view)
         if found["bad_resume"]:
             # The resume itself is the incident: an excursion starting with the segment is that one.
             start = found["bad_resume"][0].onset_step
