@@ -861,7 +861,7 @@ class DivergenceScanner:
         if rise is not None:
             at = first_consequence(steps, rise)
             if at > i and lifted_before(safe_log(act), i, at, self.cfg.growth_z):
-                at = i  # risen of its own before the rise's first consequence (as ``_not_before_its_cause`` asks)
+                at, rise = i, None  # risen of its own before the rise's first consequence: the climb began it
         else:  # or one that began after the climb's block-dated start, before the norms had grown of their own
             at = self._not_before_its_cause(steps, obs["lr"], act, i, len(steps) - 1, len(steps) - 1, log=True)
         onset, caused = int(steps[at]), rise is not None or at != i

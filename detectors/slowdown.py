@@ -255,7 +255,8 @@ def join_spells(slowdowns: list[Finding], spells: list[Finding], timed: np.ndarr
     for sd in slowdowns:
         runs_in = [i for i, sp in enumerate(spells) if i not in taken and sp.segment == sd.segment
                    and sp.onset_step < sd.onset_step
-                   and np.count_nonzero((timed > sp.end_step) & (timed < sd.onset_step)) < RECOVERY_OBS]
+                   and np.searchsorted(timed, sd.onset_step) - np.searchsorted(timed, sp.end_step, "right")
+                   < RECOVERY_OBS]
         if not runs_in:
             out.append(sd)
             continue
