@@ -281,10 +281,11 @@ def old_lr_row(main: dict[str, np.ndarray], f: Finding, step: int, lrc: LRConfig
     """The row before ``step`` where ``step`` is the first row to show the LR raise that finding ``f`` names as its
     cause and that row is still on the old LR's path; else None. The LR logged at step s is the one update s ran at,
     so every update up to that row ran at the old LR: its checkpoint is clean (``last_healthy_step`` itself, where
-    the onset of a bad value alone excludes it). On the path: not above the row before it, and fallen no more than the schedule fell on any
-    of the ``kink_rows`` rows before (or under 10%, ``lrc.flat``), as a cosine's coarse rows fall alike. A row that
-    fell further, a schedule's step down, may hide the raise's first updates under the step (fresh seed 890668's run
-    045: x0.3 and x1.0134 a step from update 1049 at once, the rise read from the next row)."""
+    the onset of a bad value alone excludes it). On the path: not above the row before it, and fallen no more than
+    the schedule fell on any of the ``kink_rows`` rows before (or under 10%, ``lrc.flat``), as a cosine's coarse
+    rows fall alike. A row that fell further, a schedule's step down, may hide the raise's first updates under the
+    step (fresh seed 890668's run 045: x0.3 and x1.0134 a step from update 1049 at once, the rise read from the
+    next row)."""
     ev = f.evidence
     if "lr" not in main or not (ev.get("lr_raised") or ev.get("lr_rise_step") is not None
                                 or ev.get("lr_step_up_step") is not None):

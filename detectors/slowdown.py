@@ -265,7 +265,8 @@ def join_spells(slowdowns: list[Finding], spells: list[Finding], timed: np.ndarr
         ev = dict(sd.evidence, joined_stall_spell_from=onset)
         if ev.get("recovery_steps") is not None:
             ev["recovery_steps"] += sd.onset_step - onset
-        out.append(dataclasses.replace(sd, onset_step=onset, evidence=ev, message=_message(onset, ev, sd.self_recovered)))
+        message = _message(onset, ev, sd.self_recovered)
+        out.append(dataclasses.replace(sd, onset_step=onset, evidence=ev, message=message))
     return out + [sp for i, sp in enumerate(spells) if i not in taken]
 
 

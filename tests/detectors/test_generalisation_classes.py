@@ -2937,7 +2937,8 @@ def test_98_a_checkpoint_while_the_scale_regrows_is_inside_the_collapse() -> Non
     assert [r["step"] for r in rejected if f"regrew by step {regrew}" in r["why"]] == [650, 550], rejected
 
 
-# 99. The LR the log shows is a logged observation of the cause: the update of the row before its raise ran at the old LR.
+# 99. The LR the log shows is a logged observation of the cause: the update of the row before its raise ran
+# at the old LR.
 
 @pytest.mark.parametrize("every, raised_from, expected", [
     (25, 1210, 1200),  # a coarse log: the raise came somewhere in 1201-1225; update 1200 ran at the old LR
@@ -2962,7 +2963,8 @@ def test_99_a_checkpoint_at_the_last_row_of_the_old_lr_is_clean(every, raised_fr
                      _ckpts(list(range(100, 2000, 100))))
     assert report.rollback is not None and report.rollback.checkpoint_step == expected, report.rollback
     if every > 1 and expected == 1200:
-        assert "the last row at the old LR before its raise at step 1225" in report.rollback.reason, report.rollback.reason
+        reason = report.rollback.reason
+        assert "the last row at the old LR before its raise at step 1225" in reason, reason
 
 
 def test_99_guard_a_raise_under_a_schedules_step_down_keeps_the_consequence_rule() -> None:
@@ -3027,7 +3029,9 @@ def test_101_a_warmup_goes_on_past_a_burst_inside_it(thrown) -> None:
     report = analyze(rows_table(steps, **cols), events_table(json.loads(
         (FIXTURES / "fresh" / "f694513-015-checkpoints.json").read_text())))
     burst = [f for f in _alarms(report) if f.onset_step == 202]
-    assert [(f.kind, f.evidence["lr_raised"], f.self_recovered) for f in burst] == [("spike", True, True)], report.findings
+    assert [(f.kind, f.evidence["lr_raised"], f.self_recovered) for f in burst] == [("spike", True, True)], \
+        report.findings
     early = [f for f in _alarms(report) if f.onset_step < 202]
-    assert [(f.kind, f.onset_step, f.evidence["lr_raised"]) for f in early] == ([("spike", 48, True)] if thrown else []), early
+    expected_early = [("spike", 48, True)] if thrown else []
+    assert [(f.kind, f.onset_step, f.evidence["lr_raised"]) for f in early] == expected_early, early
     assert report.rollback is not None and report.rollback.checkpoint_step == 1512, report.rollback
