@@ -1083,11 +1083,20 @@ def lr_burst_shifts(obs: Observations, history: int, config: object, segment: in
     the 17 spike labels missed on fresh seeds 368521, 866182 and 709008). The LR column names the change point,
     as it does for a raise that stays up, and the false-alarm budget is untouched: a healthy run has no burst to
     test. Lifted up to the data's end, it is not seen to come back: critical, it needs action (as a spike still
-    out at the last step)."""
+    out at the last step).
+
+    Not inside the opening warm-up, read through the bursts in it (``warmup_resumed_end``): the test's risk was
+    measured after the warm-up, and in it the loss level moves with the rising LR by tens of standard errors of
+    the two medians with nothing wrong (fresh seed 34384's run 141: an x3 burst at 154 of a 272-step warm-up,
+    "20 standard errors" up, its clean twin's loss alike to 0.1). A burst there that throws the loss is the
+    spike's own (Shewhart, the CUSUM bank)."""
     steps, loss, lr = obs["step"], obs["loss"], obs["lr"]
     cfg, lrc, min_rise = config.divergence, config.lr, config.spike.min_rise
     n, out = len(loss), []
+    warm = warmup_resumed_end(steps, lr, lrc, warmup_end(steps, lr, lrc))
     for a, back in lr_bursts(steps, lr, lrc, history):
+        if warm is not None and steps[a] <= warm:
+            continue
         c = first_consequence(steps, a)
         lift = _known_change_point(loss, a, history, cfg)
         if lift is None or n - c < cfg.lr_shift_obs:
