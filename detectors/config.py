@@ -67,10 +67,13 @@ class LRConfig:
     Schedules move the LR smoothly (cosine and linear decay change it well under 1% per step, and only
     downwards after the warm-up, which is excused separately), so a 1.5x rise within the ~16 rows of "before"
     is an operator's change or a fault, never the schedule. A smaller rise is not named as the cause (its
-    effect on the loss is still judged by the detectors, only without the LR story)."""
+    effect on the loss is still judged by the detectors, only without the LR story), except a ramp that began at
+    a kink in log LR's slope (``kink``: that says the schedule was left) and has lifted the LR ``flat`` x by its
+    own rate (``divergence.off_path_rise``)."""
     flat: float = 1.1
     """An LR within 10% of its level is unchanged: a jump from a flat level, not a ramp already under way (a
-    ramp's first rows are already its cause; only a jump moves an onset forward to it)."""
+    ramp's first rows are already its cause; only a jump moves an onset forward to it). A ramp off a kink is a
+    cause once its rate has lifted the LR past this."""
     restart_slack: float = 1.05
     """A warm restart returns the LR to a level the run already trained at, within 5% (float rounding of the
     schedule's peak, or a restart peak a little lower than the first): the schedule, not a cause. A step to

@@ -304,7 +304,8 @@ def ramp_low(at: np.ndarray, v: np.ndarray, k: int, lrc: LRConfig) -> tuple[int,
     return k, factor
 
 
-def lr_rise_start(steps: np.ndarray, lr: np.ndarray, onset: int, lrc: LRConfig, until: int | None = None) -> int | None:
+def lr_rise_start(steps: np.ndarray, lr: np.ndarray, onset: int, lrc: LRConfig, until: int | None = None,
+                  since: int | None = None) -> int | None:
     """Index of the first row of a learning-rate rise (to >= ``raise_factor`` x its lowest point in the last
     ``LR_LOOKBACK`` rows, looking twice as far back while that point is the window's first row: a slow ramp started
     before it) that runs into the onset: the first update under the raised LR, the cause, where the LR left its
@@ -313,7 +314,9 @@ def lr_rise_start(steps: np.ndarray, lr: np.ndarray, onset: int, lrc: LRConfig, 
     the factor only after the loss began to move, so the rise is measured up to ``until`` (the excursion's peak;
     default the onset): a cause only has to precede the worst of its effect. None without one. The schedule is no
     cause: the warm-up that opens the run, or a warm restart (one step back up to a level the run already trained
-    at, as the spike detector's ``lr_scheduled`` reads it); a rise after a restart still counts."""
+    at, as the spike detector's ``lr_scheduled`` reads it); a rise after a restart still counts. ``since``: a row
+    the window reaches back from as well (``raise_after``: an excursion's onset long before the alarm it asks about,
+    a slow ramp's kink lying between them)."""
     # The search starts after the opening warm-up: its first row is the lowest LR of a short or coarse log, and
     # a rise from there is the warm-up's, which would hide a ramp that began long after it. An onset after a
     # warm-up that went on rising past a burst inside it is read after all of it (``warmup_resumed_end``).
@@ -322,7 +325,8 @@ def lr_rise_start(steps: np.ndarray, lr: np.ndarray, onset: int, lrc: LRConfig, 
     if resumed is not None and resumed < steps[onset]:
         warm = resumed
     start = 0 if warm is None else int(np.searchsorted(steps, warm))
-    lo, lookback = max(start, onset - LR_LOOKBACK), LR_LOOKBACK
+    back = onset if since is None else min(onset, since)
+    lo, lookback = max(start, back - LR_LOOKBACK), LR_LOOKBACK
     end = max(onset, until if until is not None else onset)
     while True:
         idx = lo + np.flatnonzero(np.isfinite(lr[lo:end + 1]) & (lr[lo:end + 1] > 0))
@@ -334,9 +338,9 @@ def lr_rise_start(steps: np.ndarray, lr: np.ndarray, onset: int, lrc: LRConfig, 
         k = top - int(np.argmin(lr[idx[:top + 1]][::-1]))
         k, steps_down = ramp_low(steps[idx], lr[idx], k, lrc)  # a ramp across a schedule's step began before it
         low = idx[k]
-        if k == 0 and lo > start and lo == onset - lookback:  # a ramp longer than the window: its start lies further back
+        if k == 0 and lo > start and lo == back - lookback:  # a ramp longer than the window: its start lies further back
             lookback *= 2
-            lo = max(start, onset - lookback)
+            lo = max(start, back - lookback)
             continue
         # The warm-up's own rise: its first raised row inside the warm-up (the row before a burst may be its last).
         if k < top and in_warmup(steps, lr, int(steps[idx[k + 1]]), lrc):
@@ -367,56 +371,72 @@ def rise_began(at: np.ndarray, v: np.ndarray, low: int, lo: int, lrc: LRConfig) 
     return low + 1 if kink is None else kink[0]
 
 
-def last_kink(at: np.ndarray, v: np.ndarray, low: int, lo: int, lrc: LRConfig) -> tuple[int, float] | None:
-    """(first row after it, the slope of log LR per step before it) of the last kink (``LRConfig.kink``: the slope
-    steps up past ``kink`` x its largest change over the ``kink_rows`` rows before) in the intervals from row ``lo``
-    to row ``low + 1``, walked back over consecutive kinks (a bend over two rows: a ramp that began between two
-    logged rows); None without one. Indices into ``at``/``v``, the rows of a finite, positive LR."""
+def last_kink(at: np.ndarray, v: np.ndarray, low: int, lo: int,
+              lrc: LRConfig) -> tuple[int, float, float] | None:
+    """(first row after it, the slope of log LR per step before it, the slope after it) of the last kink
+    (``LRConfig.kink``: the slope steps up past ``kink`` x its largest change over the ``kink_rows`` rows before) in
+    the intervals from row ``lo`` to row ``low + 1``, walked back over consecutive kinks (a bend over two rows: a
+    ramp that began between two logged rows); None without one. The slopes are medians over up to ``kink_rows``
+    intervals each side (after it, from the last of the consecutive kinks). Indices into ``at``/``v``, the rows of
+    a finite, positive LR."""
     a = max(lo, 0)
     if low - a < 1:
         return None
     with np.errstate(divide="ignore", invalid="ignore"):
         rate = np.diff(np.log(v[a:low + 2])) / np.maximum(np.diff(at[a:low + 2]), 1)  # interval i: row a+i -> a+i+1
     jump = np.diff(rate)  # jump[i - 1]: the slope's change from interval i - 1 to interval i
-
-    def kink(i: int) -> bool:  # the slope steps up into interval i, against its changes over the kink_rows before
-        before = np.abs(jump[i - 1 - lrc.kink_rows:i - 1])
-        return bool(jump[i - 1] > max(lrc.kink * float(before.max()), KINK_FLOOR))
-
     # Only where kink_rows changes before it are there to judge by: at the search's first rows any bend of a
     # smooth schedule would pass (a cosine flattening into its floor bends its slope up on every row).
-    i = next((i for i in range(len(rate) - 1, lrc.kink_rows, -1) if kink(i)), None)
+    i = next((i for i in range(len(rate) - 1, lrc.kink_rows, -1) if _slope_stepped(jump, i, lrc)), None)
     if i is None:
         return None
-    while i > lrc.kink_rows + 1 and kink(i - 1):
+    last = i
+    while i > lrc.kink_rows + 1 and _slope_stepped(jump, i - 1, lrc):
         i -= 1
-    return a + i + 1, float(np.median(rate[max(0, i - lrc.kink_rows):i]))
+    return (a + i + 1, float(np.median(rate[max(0, i - lrc.kink_rows):i])),
+            float(np.median(rate[last:last + lrc.kink_rows])))
+
+
+def _slope_stepped(jump: np.ndarray, i: int, lrc: LRConfig, sign: float = 1.0) -> bool:
+    """Does log LR's slope step up (``sign`` 1; down: -1) into interval ``i`` past ``kink`` x its largest change
+    over the ``kink_rows`` intervals before (and ``KINK_FLOOR``)? ``jump[i - 1]``: its change into interval ``i``."""
+    before = np.abs(jump[i - 1 - lrc.kink_rows:i - 1])
+    return bool(sign * jump[i - 1] > max(lrc.kink * float(before.max()), KINK_FLOOR))
 
 
 def off_path_rise(at: np.ndarray, v: np.ndarray, onset: int, end: int, lrc: LRConfig) -> int | None:
     """Index (into ``at``/``v``, the rows of a finite, positive LR) of the first row of a ramp riding a decaying
-    schedule, or None: the last kink in log LR's slope (``last_kink``) by the onset, with the LR ``raise_factor`` x
-    above the schedule's path at a row from the onset to ``end``, the path being log LR's slope before the kink
-    carried forward. A multiplicative ramp on a decaying cosine lifts the LR off that path while the logged LR still
-    falls (fresh seed 495323's run 039: x1.005 a step from 899 on a cosine falling 0.35% a step, no row above an
-    earlier one, x2.5 off the path by the last row), so no rise over its lowest point shows. Cosine and linear
-    decay steepen their log slope as they go, so their own LR falls below the path; one that flattens (a cosine
-    into its floor) rises above it in time, but bends smoothly, with no kink to start from."""
+    schedule, or None: the last kink in log LR's slope (``last_kink``) by the onset, after which the ramp's own rate
+    (the slope's step at the kink) has lifted the LR ``flat`` x or more by a row from the onset to ``end``. A
+    multiplicative ramp on a decaying schedule lifts the LR off the schedule's path while the logged LR still falls
+    (fresh seed 495323's run 039: x1.005 a step from 899 on a cosine falling 0.35% a step, no row above an earlier
+    one), so no rise over its lowest point shows. The kink is what says the schedule was left (a schedule bends its
+    log LR smoothly, ``LRConfig.kink``); its lift need only be material, not a jump's ``raise_factor``.
+
+    The lift is the ramp's rate times the steps since the kink, up to where the slope steps back down by half that
+    rate (the ramp ended), not the LR against the slope before the kink carried forward: a decay steepens or
+    flattens its own log slope over the hundreds of steps a slow ramp takes to matter, so that path misreads the
+    ramp by as much as the ramp itself (fresh seed 7843's run 103: x1.0022 a step from 393 on a linear decay of
+    0.46% a step, its norms x3.3 by 574; against the path the LR rose x1.09 at most, by its rate x1.49; the
+    precursor's climb, dated by blocks at 384, stayed there and the advice at 336, where 392 is clean)."""
     kink = last_kink(at, v, onset - 1, 0, lrc)
     if kink is None:
         return None
-    first, slope = kink
-    base = first - 1
+    first, slope, after = kink
+    base, ramp = first - 1, after - slope  # the ramp's own rate per step: the slope's step at the kink
     with np.errstate(divide="ignore", invalid="ignore"):
-        path = np.log(v[base]) + slope * (at[onset:end + 1] - at[base])
-        lifted = np.log(v[onset:end + 1]) - path  # still off the path from the onset on: a rise that runs into it
-        off = np.flatnonzero(lifted >= math.log(lrc.raise_factor))
-        if not len(off):
-            return None
-        # Off the path all the way: a burst that ended with a step back down (by ``raise_factor`` in one row) left
-        # it, and a later lift is another cause's (test 75: a burst x150 at 690, then a ramp from 920).
-        held = v[first:onset + int(off[0]) + 1]
-        return None if np.any(held[1:] * lrc.raise_factor <= held[:-1]) else first
+        jump = np.diff(np.diff(np.log(v[base:end + 1])) / np.maximum(np.diff(at[base:end + 1]), 1))
+    ended = next((j for j in range(lrc.kink_rows + 1, len(jump) + 1)
+                  if jump[j - 1] < -0.5 * ramp and _slope_stepped(jump, j, lrc, sign=-1.0)), None)
+    until = math.inf if ended is None else at[base + ended]
+    lifted = ramp * (np.minimum(at[onset:end + 1], until) - at[base])
+    off = np.flatnonzero(lifted >= math.log(lrc.flat))
+    if not len(off):
+        return None
+    # Held all the way: a burst that ended with a step back down (by ``raise_factor`` in one row) left the path,
+    # and a later lift is another cause's (test 75: a burst x150 at 690, then a ramp from 920).
+    held = v[first:onset + int(off[0]) + 1]
+    return None if np.any(held[1:] * lrc.raise_factor <= held[:-1]) else first
 
 
 LR_BEFORE_ROWS = 16
@@ -1003,7 +1023,7 @@ def raise_after(steps: np.ndarray, lr: np.ndarray, onset: int, by: int, upto: in
     if not onset < by <= upto < len(lr):
         return None
     steps, lr = steps[:upto + 1], lr[:upto + 1]
-    rise = lr_rise_start(steps, lr, by, lrc, until=upto)
+    rise = lr_rise_start(steps, lr, by, lrc, until=upto, since=onset)
     if rise is None or rise >= by:  # a rise on the alarm's own row has no consequence before it
         return None
     first = first_consequence(steps, rise)

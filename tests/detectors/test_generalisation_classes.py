@@ -3039,6 +3039,34 @@ def test_101_a_warmup_goes_on_past_a_burst_inside_it(thrown) -> None:
     assert report.rollback is not None and report.rollback.checkpoint_step == 1512, report.rollback
 
 
+# 102. A ramp riding a decaying schedule is read by its own rate from the kink where it began.
+
+@pytest.mark.parametrize("lifted_from", [None, 370])
+def test_102_a_slow_ramp_on_a_decay_is_the_cause_of_the_climb_dated_before_it(lifted_from) -> None:
+    """Real CPU training (fresh seed 7843's run 103, ``tests/fixtures/fresh``): fp32, batch 1, a linear decay of 0.46%
+    a step, checkpoints every 56. An LR ramp of x1.0022 a step from update 393 drives the activation and gradient
+    norms x3.3-3.7 by 574 (OPT's precursor); the climb is dated by blocks at 384. The logged LR never rises, and
+    against the slope before the kink carried forward it stood only x1.09 up at most (a linear decay steepens its
+    log slope), under any bar, so the ramp was no cause: the onset stayed at 384, the advice at 336, where 392 (the
+    last row at the schedule's rate) is clean. By the ramp's own rate (the slope's step at the kink) it has lifted
+    the LR x1.49: the cause, the onset its first consequence, 394. Fails on be5f188 (onset 384, checkpoint 336).
+    Guard: the same run with both norms doubled from 370, a lift of their own before the ramp, keeps the climb as the
+    onset and the advice before it."""
+    steps, cols = _fresh_run("f7843-103")
+    if lifted_from is not None:
+        lift = np.where(steps >= lifted_from, 2.0, 1.0)
+        cols = {**cols, "grad_norm": cols["grad_norm"] * lift, "act_norm": cols["act_norm"] * lift}
+    report = _fresh_report_of("f7843-103", steps, cols)
+    [div] = _alarms(report)
+    assert (div.kind, div.severity, div.evidence["rule"]) == ("divergence", "critical", "precursor"), div
+    if lifted_from is None:
+        assert div.onset_step == 394 and div.evidence["lr_rise_step"] == 394, div
+        assert report.rollback is not None and report.rollback.checkpoint_step == 392, report.rollback
+    else:  # dated by blocks of 16 rows
+        assert lifted_from - 16 <= div.onset_step == div.evidence["act_norm_climb_step"] <= lifted_from, div
+        assert report.rollback is not None and report.rollback.checkpoint_step == 336, report.rollback
+
+
 # 103. A burst inside the warm-up is not tested at a known change point.
 
 @pytest.mark.parametrize("thrown", [False, True])
