@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 
 from runwatch.detectors.config import AdviceConfig, LRConfig
-from runwatch.detectors.divergence import act_growth_start, answers_the_schedule, precursor_grown
+from runwatch.detectors.divergence import act_growth_start, answers_the_schedule, precursor_grown, slope_stepped_into
 from runwatch.detectors.finding import Finding, Rollback, SegmentInfo
 from runwatch.detectors.registry import DEVICE_FAULT_KINDS, NO_ROLLBACK_KINDS
 
@@ -279,13 +279,15 @@ def last_healthy_step(steps: np.ndarray, onset: int) -> int:
 
 def old_lr_row(main: dict[str, np.ndarray], f: Finding, step: int, lrc: LRConfig) -> int | None:
     """The row before ``step`` where ``step`` is the first row to show the LR raise that finding ``f`` names as its
-    cause and that row is still on the old LR's path; else None. The LR logged at step s is the one update s ran at,
-    so every update up to that row ran at the old LR: its checkpoint is clean (``last_healthy_step`` itself, where
-    the onset of a bad value alone excludes it). On the path: not above the row before it, and fallen no more than
-    the schedule fell on any of the ``kink_rows`` rows before (or under 10%, ``lrc.flat``), as a cosine's coarse
-    rows fall alike. A row that fell further, a schedule's step down, may hide the raise's first updates under the
-    step (fresh seed 890668's run 045: x0.3 and x1.0134 a step from update 1049 at once, the rise read from the
-    next row)."""
+    cause (above the row before, or, for a ramp riding a decaying schedule, its log slope stepped up into it:
+    ``divergence.slope_stepped_into``) and that row is still on the old LR's path; else None. The LR logged at step s
+    is the one update s ran at, so every update up to that row ran at the old LR: its checkpoint is clean
+    (``last_healthy_step`` itself, where the onset of a bad value alone excludes it; fresh seed 499698's run 039, a
+    ramp on a linear decay first shown at 850 on a log every 10 steps, checkpoint 840 clean). On the path: not above
+    the row before it, and fallen no more than the schedule fell on any of the ``kink_rows`` rows before (or under
+    10%, ``lrc.flat``), as a cosine's coarse rows fall alike. A row that fell further, a schedule's step down, may
+    hide the raise's first updates under the step (fresh seed 890668's run 045: x0.3 and x1.0134 a step from update
+    1049 at once, the rise read from the next row)."""
     ev = f.evidence
     if "lr" not in main or not (ev.get("lr_raised") or ev.get("lr_rise_step") is not None
                                 or ev.get("lr_step_up_step") is not None):
@@ -293,8 +295,12 @@ def old_lr_row(main: dict[str, np.ndarray], f: Finding, step: int, lrc: LRConfig
     i = int(np.searchsorted(main["step"], step))
     if not 1 < i < len(main["step"]) or main["step"][i] != step:
         return None
-    past, now = main["lr"][max(0, i - 2 - lrc.kink_rows):i], main["lr"][i]
-    if not (np.isfinite(past).all() and (past > 0).all() and now > past[-1]):
+    lo = max(0, i - 2 - lrc.kink_rows)
+    past, now = main["lr"][lo:i], main["lr"][i]
+    if not (np.isfinite(past).all() and (past > 0).all() and now > 0):
+        return None
+    if not (now > past[-1] or slope_stepped_into(main["step"][lo:i + 1].astype(np.float64), main["lr"][lo:i + 1],
+                                                 i - lo, lrc)):
         return None
     fall = -np.diff(np.log(past))  # each row's fall from the row before it; the last is the row before the raise's
     on_path = 0.0 <= fall[-1] <= max(math.log(lrc.flat), float(fall[:-1].max(initial=0.0)))

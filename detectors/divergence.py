@@ -397,6 +397,18 @@ def last_kink(at: np.ndarray, v: np.ndarray, low: int, lo: int,
             float(np.median(rate[last:last + lrc.kink_rows])))
 
 
+def slope_stepped_into(at: np.ndarray, v: np.ndarray, i: int, lrc: LRConfig) -> bool:
+    """Does log LR's slope step up (``_slope_stepped``) into the interval ending at row ``i`` (into ``at``/``v``: the
+    rows of a finite, positive LR), judged against the ``kink_rows`` intervals before it? A ramp riding a decaying
+    schedule shows itself so: its first raised row falls less than the schedule, it does not rise."""
+    lo = i - lrc.kink_rows - 2
+    if lo < 0:
+        return False
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rate = np.diff(np.log(v[lo:i + 1])) / np.maximum(np.diff(at[lo:i + 1]), 1)
+    return _slope_stepped(np.diff(rate), len(rate) - 1, lrc)
+
+
 def _slope_stepped(jump: np.ndarray, i: int, lrc: LRConfig, sign: float = 1.0) -> bool:
     """Does log LR's slope step up (``sign`` 1; down: -1) into interval ``i`` past ``kink`` x its largest change
     over the ``kink_rows`` intervals before (and ``KINK_FLOOR``)? ``jump[i - 1]``: its change into interval ``i``."""

@@ -3085,3 +3085,20 @@ def test_103_a_burst_inside_the_warmup_is_not_a_known_change_point(thrown) -> No
     expected = [("spike", 155, "shewhart", True)] if thrown else []
     assert [(f.kind, f.onset_step, f.evidence["rule"], f.evidence["lr_raised"]) for f in _alarms(report)] == expected, \
         report.findings
+
+
+# 104. The row before a ramp's first raised row is at the old LR, on a decaying schedule too.
+
+def test_104_the_row_before_a_ramp_on_a_decay_is_a_clean_checkpoint() -> None:
+    """Real CPU training (fresh seed 499698's run 039, ``tests/fixtures/fresh``): fp32, batch 19, a linear decay,
+    logged every 10 steps, checkpoints every 24. An LR ramp from update 841-850 drives a loss spike from 880 (0.97 ->
+    5.6, not back). The ramp is read from its kink (test 102): the LR logged at 850 falls less than the schedule,
+    it does not rise. The LR logged at step s is the one update s ran at, so every update up to 840 ran at the old
+    LR and checkpoint 840 is clean (a raise that lifts the LR above the row before is read so already, test 99); but
+    that reading asked the row to rise, and the advice went to 816, a checkpoint early (before the kink was read,
+    864: one holding ramped updates). Fails on e62378c (checkpoint 816)."""
+    report = _fresh_report("f499698-039")
+    [spike] = _alarms(report)
+    assert (spike.kind, spike.onset_step, spike.evidence["lr_rise_step"]) == ("spike", 880, 850), spike
+    assert report.rollback is not None and report.rollback.checkpoint_step == 840, report.rollback
+    assert (report.rollback.evidence["incident_onset_step"], report.rollback.evidence["last_healthy_step"]) == (850, 840)
