@@ -338,7 +338,7 @@ def lr_rise_start(steps: np.ndarray, lr: np.ndarray, onset: int, lrc: LRConfig, 
         k = top - int(np.argmin(lr[idx[:top + 1]][::-1]))
         k, steps_down = ramp_low(steps[idx], lr[idx], k, lrc)  # a ramp across a schedule's step began before it
         low = idx[k]
-        if k == 0 and lo > start and lo == back - lookback:  # a ramp longer than the window: its start lies further back
+        if k == 0 and lo > start and lo == back - lookback:  # a ramp longer than the window: it began further back
             lookback *= 2
             lo = max(start, back - lookback)
             continue
@@ -382,38 +382,48 @@ def last_kink(at: np.ndarray, v: np.ndarray, low: int, lo: int,
     a = max(lo, 0)
     if low - a < 1:
         return None
-    with np.errstate(divide="ignore", invalid="ignore"):
-        rate = np.diff(np.log(v[a:low + 2])) / np.maximum(np.diff(at[a:low + 2]), 1)  # interval i: row a+i -> a+i+1
-    jump = np.diff(rate)  # jump[i - 1]: the slope's change from interval i - 1 to interval i
+    rate = log_slopes(at[a:low + 2], v[a:low + 2])  # interval i: row a+i -> a+i+1
     # Only where kink_rows changes before it are there to judge by: at the search's first rows any bend of a
     # smooth schedule would pass (a cosine flattening into its floor bends its slope up on every row).
-    i = next((i for i in range(len(rate) - 1, lrc.kink_rows, -1) if _slope_stepped(jump, i, lrc)), None)
-    if i is None:
+    change, bar = slope_changes(rate, lrc)
+    up = change > bar
+    if not up.any():
         return None
-    last = i
-    while i > lrc.kink_rows + 1 and _slope_stepped(jump, i - 1, lrc):
-        i -= 1
+    m = last = int(np.flatnonzero(up)[-1])
+    while m > 0 and up[m - 1]:
+        m -= 1
+    i, last = m + lrc.kink_rows + 1, last + lrc.kink_rows + 1  # into rate
     return (a + i + 1, float(np.median(rate[max(0, i - lrc.kink_rows):i])),
             float(np.median(rate[last:last + lrc.kink_rows])))
 
 
+def log_slopes(at: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """Log LR's slope per step over each interval between consecutive rows (``at``/``v``: finite, positive LR)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.diff(np.log(v)) / np.maximum(np.diff(at), 1)
+
+
+def slope_changes(rate: np.ndarray, lrc: LRConfig) -> tuple[np.ndarray, np.ndarray]:
+    """(change, bar) of log LR's slope into each interval from ``kink_rows + 1`` on (element m: interval
+    m + kink_rows + 1 of ``rate``): its change from the interval before, and ``kink`` x its largest change over the
+    ``kink_rows`` intervals before that (at least ``KINK_FLOOR``). A change past the bar is a kink (up) or a step
+    back down (down, ``off_path_rise``); a schedule bends its log LR smoothly, a ramp's first update steps it."""
+    jump, k = np.diff(rate), lrc.kink_rows
+    if len(jump) <= k:
+        return np.empty(0), np.empty(0)
+    bar = np.maximum(lrc.kink * -run_minima(-np.abs(jump[:-1]), k), KINK_FLOOR)
+    return jump[k:], bar
+
+
 def slope_stepped_into(at: np.ndarray, v: np.ndarray, i: int, lrc: LRConfig) -> bool:
-    """Does log LR's slope step up (``_slope_stepped``) into the interval ending at row ``i`` (into ``at``/``v``: the
-    rows of a finite, positive LR), judged against the ``kink_rows`` intervals before it? A ramp riding a decaying
-    schedule shows itself so: its first raised row falls less than the schedule, it does not rise."""
+    """Does log LR's slope step up past its bar (``slope_changes``) into the interval ending at row ``i`` (into
+    ``at``/``v``: the rows of a finite, positive LR)? A ramp riding a decaying schedule shows itself so: its first
+    raised row falls less than the schedule, it does not rise."""
     lo = i - lrc.kink_rows - 2
     if lo < 0:
         return False
-    with np.errstate(divide="ignore", invalid="ignore"):
-        rate = np.diff(np.log(v[lo:i + 1])) / np.maximum(np.diff(at[lo:i + 1]), 1)
-    return _slope_stepped(np.diff(rate), len(rate) - 1, lrc)
-
-
-def _slope_stepped(jump: np.ndarray, i: int, lrc: LRConfig, sign: float = 1.0) -> bool:
-    """Does log LR's slope step up (``sign`` 1; down: -1) into interval ``i`` past ``kink`` x its largest change
-    over the ``kink_rows`` intervals before (and ``KINK_FLOOR``)? ``jump[i - 1]``: its change into interval ``i``."""
-    before = np.abs(jump[i - 1 - lrc.kink_rows:i - 1])
-    return bool(sign * jump[i - 1] > max(lrc.kink * float(before.max()), KINK_FLOOR))
+    change, bar = slope_changes(log_slopes(at[lo:i + 1], v[lo:i + 1]), lrc)
+    return bool(change[-1] > bar[-1])
 
 
 def off_path_rise(at: np.ndarray, v: np.ndarray, onset: int, end: int, lrc: LRConfig) -> int | None:
@@ -436,11 +446,9 @@ def off_path_rise(at: np.ndarray, v: np.ndarray, onset: int, end: int, lrc: LRCo
         return None
     first, slope, after = kink
     base, ramp = first - 1, after - slope  # the ramp's own rate per step: the slope's step at the kink
-    with np.errstate(divide="ignore", invalid="ignore"):
-        jump = np.diff(np.diff(np.log(v[base:end + 1])) / np.maximum(np.diff(at[base:end + 1]), 1))
-    ended = next((j for j in range(lrc.kink_rows + 1, len(jump) + 1)
-                  if jump[j - 1] < -0.5 * ramp and _slope_stepped(jump, j, lrc, sign=-1.0)), None)
-    until = math.inf if ended is None else at[base + ended]
+    change, bar = slope_changes(log_slopes(at[base:end + 1], v[base:end + 1]), lrc)
+    ended = np.flatnonzero((-change > bar) & (change < -0.5 * ramp))
+    until = math.inf if not len(ended) else at[base + int(ended[0]) + lrc.kink_rows + 1]
     lifted = ramp * (np.minimum(at[onset:end + 1], until) - at[base])
     off = np.flatnonzero(lifted >= math.log(lrc.flat))
     if not len(off):

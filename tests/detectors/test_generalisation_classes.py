@@ -2999,19 +2999,26 @@ def test_100_a_precursor_moved_to_its_lr_cause_does_not_walk_the_advice_back_to_
     1890, the last row at the old LR, is clean. Fails on d2527ff (checkpoint 1785). Guard: the same run with both
     norms doubled from 1866, a lift of their own before the ramp, keeps the climb as the onset and the advice
     before it."""
-    steps, cols = _fresh_run("f34384-008")
-    if lifted_from is not None:
-        lift = np.where(steps >= lifted_from, 2.0, 1.0)
-        cols = {**cols, "grad_norm": cols["grad_norm"] * lift, "act_norm": cols["act_norm"] * lift}
-    report = _fresh_report_of("f34384-008", steps, cols)
-    [div] = _alarms(report)
-    assert (div.kind, div.severity, div.evidence["rule"]) == ("divergence", "critical", "precursor"), div
+    report, div = _precursor_of("f34384-008", lifted_from)
     if lifted_from is None:
         assert div.onset_step == 1892 and div.evidence["act_norm_climb_step"] is None, div
         assert report.rollback is not None and report.rollback.checkpoint_step == 1890, report.rollback
     else:  # dated by blocks of 16 rows (32 steps here)
         assert lifted_from - 32 <= div.onset_step == div.evidence["act_norm_climb_step"] <= lifted_from, div
         assert report.rollback is not None and report.rollback.checkpoint_step == 1785, report.rollback
+
+
+def _precursor_of(name: str, lifted_from: int | None) -> tuple[Report, Finding]:
+    """The report on fresh run ``name`` (both norms doubled from step ``lifted_from`` where given: a lift of their own)
+    and its one alarm, a critical precursor."""
+    steps, cols = _fresh_run(name)
+    if lifted_from is not None:
+        lift = np.where(steps >= lifted_from, 2.0, 1.0)
+        cols = {**cols, "grad_norm": cols["grad_norm"] * lift, "act_norm": cols["act_norm"] * lift}
+    report = _fresh_report_of(name, steps, cols)
+    [div] = _alarms(report)
+    assert (div.kind, div.severity, div.evidence["rule"]) == ("divergence", "critical", "precursor"), div
+    return report, div
 
 
 # 101. The rest of a warm-up after a burst inside it is the schedule, not a ramp into a later excursion.
@@ -3052,13 +3059,7 @@ def test_102_a_slow_ramp_on_a_decay_is_the_cause_of_the_climb_dated_before_it(li
     the LR x1.49: the cause, the onset its first consequence, 394. Fails on be5f188 (onset 384, checkpoint 336).
     Guard: the same run with both norms doubled from 370, a lift of their own before the ramp, keeps the climb as the
     onset and the advice before it."""
-    steps, cols = _fresh_run("f7843-103")
-    if lifted_from is not None:
-        lift = np.where(steps >= lifted_from, 2.0, 1.0)
-        cols = {**cols, "grad_norm": cols["grad_norm"] * lift, "act_norm": cols["act_norm"] * lift}
-    report = _fresh_report_of("f7843-103", steps, cols)
-    [div] = _alarms(report)
-    assert (div.kind, div.severity, div.evidence["rule"]) == ("divergence", "critical", "precursor"), div
+    report, div = _precursor_of("f7843-103", lifted_from)
     if lifted_from is None:
         assert div.onset_step == 394 and div.evidence["lr_rise_step"] == 394, div
         assert report.rollback is not None and report.rollback.checkpoint_step == 392, report.rollback
@@ -3101,4 +3102,5 @@ def test_104_the_row_before_a_ramp_on_a_decay_is_a_clean_checkpoint() -> None:
     [spike] = _alarms(report)
     assert (spike.kind, spike.onset_step, spike.evidence["lr_rise_step"]) == ("spike", 880, 850), spike
     assert report.rollback is not None and report.rollback.checkpoint_step == 840, report.rollback
-    assert (report.rollback.evidence["incident_onset_step"], report.rollback.evidence["last_healthy_step"]) == (850, 840)
+    evidence = report.rollback.evidence
+    assert (evidence["incident_onset_step"], evidence["last_healthy_step"]) == (850, 840), evidence
