@@ -108,10 +108,16 @@ class LRConfig:
     rate is the same on both sides up to float32 rounding (the fresh runs 978851-097, 846832-026 and 846832-065 read
     it alike to 0.1% across their steps); 2x is margin for a coarse log. A jump held flat, or a burst that ended,
     has no rate."""
+    ramp_end_share: float = 0.5
+    """A ramp off a kink has ended where log LR's slope steps back down past the kink's own bar (``kink``) by more
+    than this share of the ramp's rate (``divergence.off_path_rise``): half is the midpoint between the two
+    readings, the ramp going on (no step back) and the ramp stopped (a step back of its whole rate); its lift is
+    counted up to there."""
 
     def __post_init__(self) -> None:
         _check(self.kink > 1 and self.kink_rows >= 1, "need kink > 1 and kink_rows >= 1")
         _check(self.ramp_rate_spread >= 1, "ramp_rate_spread must be >= 1")
+        _check(0 < self.ramp_end_share <= 1, "ramp_end_share must be in (0, 1]")
         _check(self.raise_factor > self.flat >= 1 and self.restart_slack >= 1,
                "need raise_factor > flat >= 1 and restart_slack >= 1")
         _check(self.held_steps >= 1 and self.lag_rows >= 1, "held_steps and lag_rows must be >= 1")

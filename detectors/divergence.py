@@ -389,10 +389,11 @@ def last_kink(at: np.ndarray, v: np.ndarray, low: int, lo: int,
     up = change > bar
     if not up.any():
         return None
-    m = last = int(np.flatnonzero(up)[-1])
-    while m > 0 and up[m - 1]:
+    last = int(np.flatnonzero(up)[-1])
+    m = last
+    while m > 0 and up[m - 1]:  # walked back over consecutive kinks
         m -= 1
-    i, last = m + lrc.kink_rows + 1, last + lrc.kink_rows + 1  # into rate
+    i, last = m + lrc.kink_rows + 1, last + lrc.kink_rows + 1  # element m of the changes: interval m + kink_rows + 1
     return (a + i + 1, float(np.median(rate[max(0, i - lrc.kink_rows):i])),
             float(np.median(rate[last:last + lrc.kink_rows])))
 
@@ -435,19 +436,20 @@ def off_path_rise(at: np.ndarray, v: np.ndarray, onset: int, end: int, lrc: LRCo
     one), so no rise over its lowest point shows. The kink is what says the schedule was left (a schedule bends its
     log LR smoothly, ``LRConfig.kink``); its lift need only be material, not a jump's ``raise_factor``.
 
-    The lift is the ramp's rate times the steps since the kink, up to where the slope steps back down by half that
-    rate (the ramp ended), not the LR against the slope before the kink carried forward: a decay steepens or
-    flattens its own log slope over the hundreds of steps a slow ramp takes to matter, so that path misreads the
-    ramp by as much as the ramp itself (fresh seed 7843's run 103: x1.0022 a step from 393 on a linear decay of
-    0.46% a step, its norms x3.3 by 574; against the path the LR rose x1.09 at most, by its rate x1.49; the
-    precursor's climb, dated by blocks at 384, stayed there and the advice at 336, where 392 is clean)."""
+    The lift is the ramp's rate times the steps since the kink, up to where the slope steps back down by
+    ``LRConfig.ramp_end_share`` of that rate (the ramp ended), not the LR against the slope before the kink carried
+    forward: a decay steepens or flattens its own log slope over the hundreds of steps a slow ramp takes to matter,
+    so that path misreads the ramp by as much as the ramp itself (fresh seed 7843's run 103: x1.0022 a step from 393
+    on a linear decay of 0.46% a step, its norms x3.3 by 574; against the path the LR rose x1.09 at most, by its
+    rate x1.49; the precursor's climb, dated by blocks at 384, stayed there and the advice at 336, where 392 is
+    clean)."""
     kink = last_kink(at, v, onset - 1, 0, lrc)
     if kink is None:
         return None
     first, slope, after = kink
     base, ramp = first - 1, after - slope  # the ramp's own rate per step: the slope's step at the kink
     change, bar = slope_changes(log_slopes(at[base:end + 1], v[base:end + 1]), lrc)
-    ended = np.flatnonzero((-change > bar) & (change < -0.5 * ramp))
+    ended = np.flatnonzero((-change > bar) & (change < -lrc.ramp_end_share * ramp))
     until = math.inf if not len(ended) else at[base + int(ended[0]) + lrc.kink_rows + 1]
     lifted = ramp * (np.minimum(at[onset:end + 1], until) - at[base])
     off = np.flatnonzero(lifted >= math.log(lrc.flat))
