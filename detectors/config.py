@@ -319,11 +319,15 @@ class ScalerConfig:
     level_window: float = 8.0
     """Growth intervals over which the median logged scale is the scaler's usual level, from which a halving
     chain's depth is counted (a sawtooth spends most of its time within one doubling of it)."""
-    recovered_within: float = 2.0
-    """Halvings: back within 2^2 of the scale before the burst counts as regrown: the depth of a healthy sawtooth
-    (one or two halvings, ``min_halvings``), so the scaler is back in its normal range. A scale still deeper than
-    that below is still the collapse (with 2^4, the very depth that makes a chain a collapse counted as regrown:
-    fresh seed 368521's run 028, 524288 -> 256 and back to 65536 only, "back to normal")."""
+    recovered_within: float = 3.0
+    """Halvings: back within 2^3 of the scale before the burst counts as regrown: fewer halvings under it than
+    make a collapse (``min_halvings``), so a chain from where it was to where it is now would not be one. From
+    there the scaler regrows at its own pace, and the skipped steps never touched the weights: a rollback
+    restores nothing. The clean twins label a collapse over at the same depth (``bench/evalruns``: back under
+    4 halvings below the twin). Two halvings (a healthy sawtooth's depth) called collapses that had stopped
+    skipping and were regrowing at the healthy rate "did not recover" for as long as the run lasted (fresh
+    seed 277506's run 082: 262144 -> 2048 at 1322, doubling every 26 steps to 16384 by 1411, still critical at
+    1485 and the advice before it, where the later, real collapse at 1486 wants 1450)."""
     patience_steps: int = 200
     """A collapse not over this many steps after its last skip needs action."""
     change_point_slack: float = 1.92

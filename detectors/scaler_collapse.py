@@ -21,7 +21,7 @@ ever grew in the first ``calibration_steps`` training steps, is the scaler
 finding its level: a property of the scale and of the step number, not of the
 row index, so a log excerpt that starts late is judged in full. A collapse is
 over when the sum is back at 0 and the scale grew back to within
-2^``recovered_within`` of where it was (recovered), or when the sum is back at
+2^``recovered_within`` of where it trained (``_target``: recovered), or when the sum is back at
 0 and nothing was skipped for ``patience_steps`` with the scale still lower
 (not recovered, unless it regrows before the next incident: a late recovery;
 a later burst is another collapse); one still skipping at the last step, under
@@ -133,7 +133,7 @@ class ScalerScanner:
             if now > before:  # growth ends a chain (a burst that regrew near its start is over)
                 self.chain_grew = True
                 if ch is not None and self._counts(ch):
-                    if now >= ch["before"] / 2.0 ** self.cfg.recovered_within:
+                    if now >= self._target(ch, steps, scale) / 2.0 ** self.cfg.recovered_within:
                         ch["end"] = ch["last_skip"]
                         self.chain_closed.append(ch)
                         self.chain_ends.append((i, ch["end"]))
@@ -165,7 +165,8 @@ class ScalerScanner:
             ch["drops"].append((since, skipped))
             self.drop_step.append(step_i)
             self.drop_scale.append(before)
-            # The depth counts from the scale it usually overflows at; the recovery aims at the scale before.
+            # The depth counts from the scale it usually overflows at; the recovery aims at where it ran
+            # (``_target``).
             ch["halvings"] = math.log2(ch["ref"] / now) if now > 0 and ch["ref"] > 0 else math.inf
             if "alarm" not in ch and ch["halvings"] >= self.cfg.min_halvings and not ch["calibration"] \
                     and self._faster_than_healthy(ch, step_i, float(self.intervals.view[i])):
@@ -310,7 +311,7 @@ class ScalerScanner:
                 self._absorb(ep, p, n, scale)
                 return float(s[-1])
             k, done, renewed = end
-            low = self._low(ep, scale, within)
+            low = self._low(self._target(ep, steps, scale), scale, within)
             if renewed and not done:
                 self._absorb(ep, p, p + k, scale)
                 ep["end"], ep["regrown"] = ep["last_skip"], not low(p + max(k - 1, 0))
@@ -340,7 +341,7 @@ class ScalerScanner:
         for a in range(p, n, ROWS_AT_ONCE):
             b = min(n, a + ROWS_AT_ONCE)
             x = scale[a:b]
-            low = np.isfinite(x) & np.isfinite(ep["before"]) & (x < ep["before"] / within)
+            low = np.isfinite(x) & (x < self._target(ep, steps, scale) / within)
             # Or the skipping has been over for ``patience_steps`` with the scale still low: the collapse ended
             # without the scaler regrowing (it did not recover), and a later burst is an incident of its own.
             own = self.all_skips.view[a:b]
@@ -366,12 +367,28 @@ class ScalerScanner:
         return None
 
     @staticmethod
-    def _low(ep: dict, scale: np.ndarray, within: float):
-        """Whether row i's scale is still under the episode's scale before by more than 2^``recovered_within``."""
+    def _low(target: float, scale: np.ndarray, within: float):
+        """Whether row i's scale is still under an episode's ``_target`` by more than 2^``recovered_within``."""
         def low(i: int) -> bool:
             x = scale[i]
-            return bool(np.isfinite(x) & np.isfinite(ep["before"]) & (x < ep["before"] / within))
+            return bool(np.isfinite(x) & (x < target / within))
         return low
+
+    def _target(self, ep: dict, steps: np.ndarray, scale: np.ndarray) -> float:
+        """The scale a collapse regrows towards: the lower of the scale before it and the median logged scale over
+        the ``level_window`` growth intervals before it (where the run usually trained; NaN without either).
+        A sawtooth at its ceiling logs the scale it overflows at for one step a growth interval and half of it for
+        the rest (fresh seed 277506's run 082: 262144 once each 27 steps, 131072 between), so the scale before a
+        burst can be that one peak; regrowth is judged against where the run trained, as a clean twin's scale
+        would be. Computed once, when a recovery is first asked about (a few times a segment)."""
+        if "target" not in ep:
+            i = ep["first"]
+            since = int(steps[i]) - self.cfg.level_window * float(self.intervals.view[i])
+            past = scale[int(np.searchsorted(steps[:i], since)):i]
+            past = past[np.isfinite(past)]
+            usual = float(np.median(past)) if len(past) else math.nan
+            ep["target"] = float(np.fmin(ep["before"], usual))
+        return ep["target"]
 
     def _onset(self, zero_next: int, alarm: int, steps: np.ndarray) -> tuple[int, int]:
         """The maximum-likelihood change point between the CUSUM's last zero and the alarm, and the earliest
@@ -432,7 +449,8 @@ class ScalerScanner:
         for k, (ep, rec) in enumerate(items):
             if rec is False:
                 upto = next((it[0]["first"] for it in items[k + 1:] if it[0]["first"] > ep["end"]), len(steps))
-                if self._regrown_at(obs["loss_scale"], ep["before"], ep["end"] + 1, upto) is not None:
+                if self._regrown_at(obs["loss_scale"], self._target(ep, steps, obs["loss_scale"]), ep["end"] + 1,
+                                    upto) is not None:
                     items[k] = (ep, True)
         merged: list[tuple[dict, bool | None]] = []
         for ep, rec in items:  # one incident, one finding: a skip burst and its halving chain overlap
@@ -454,12 +472,12 @@ class ScalerScanner:
         out = [self._classify(ep, rec, obs) for ep, rec in merged]
         return out
 
-    def _regrown_at(self, scale: np.ndarray, before: float, lo: int, hi: int) -> int | None:
-        """The first row in lo..hi-1 where the scale is back within 2^``recovered_within`` of ``before``, or None."""
-        if not math.isfinite(before):
+    def _regrown_at(self, scale: np.ndarray, target: float, lo: int, hi: int) -> int | None:
+        """The first row in lo..hi-1 where the scale is back within 2^``recovered_within`` of ``target``, or None."""
+        if not math.isfinite(target):
             return None
         with np.errstate(invalid="ignore"):
-            back = np.flatnonzero(scale[lo:hi] >= before / 2.0 ** self.cfg.recovered_within)
+            back = np.flatnonzero(scale[lo:hi] >= target / 2.0 ** self.cfg.recovered_within)
         return lo + int(back[0]) if len(back) else None
 
     def _counts(self, ep: dict) -> bool:
@@ -490,9 +508,10 @@ class ScalerScanner:
                     "num_skipped": int(ep["num_skipped"]), "below_floor": below, "floor": cfg.floor,
                     "still_skipping": still_skipping, "detected_step": int(steps[min(ep["first"], n - 1)]),
                     "earliest_onset_step": int(steps[ep["first_lo"]])}
-        # Back within 2^recovered_within of the scale before: when, counted from the onset (a late recovery is a
+        # Back within 2^recovered_within of its target: when, counted from the onset (a late recovery is a
         # recovery, and its time is part of the story: hundreds of steps at a 16x lower scale is not "at once").
-        regrown = self._regrown_at(obs["loss_scale"], before, ep["min_i"], n) if recovered is True else None
+        target = self._target(ep, steps, obs["loss_scale"])
+        regrown = self._regrown_at(obs["loss_scale"], target, ep["min_i"], n) if recovered is True else None
         evidence["recovery_steps"] = recovery_steps(steps, ep["first"], regrown)
         state = {True: "the scaler is back to normal", False: "it did not recover", None: "not recovered yet"}[recovered]
         if regrown is not None and regrown > ep["last_skip"] + 1:
