@@ -200,7 +200,8 @@ class SpikeConfig:
     lasting_rise: float = 0.01
     """...and at least this fraction of the loss level, for the same practical reason as ``min_rise``."""
     lasting_obs: int = 32
-    """Observations after the recovery window over which the lasting cost is measured."""
+    """Observations after the recovery window over which the lasting cost is measured; until they have passed the
+    excursion is not settled, and one out again within them goes on (``spike._settles_in``)."""
     cold_loss_rise: float = 0.5
     """Before a noise model exists (a log excerpt, a segment's first 32 observations) only gross excursions
     count: the loss 50% above the median of the earlier observations..."""

@@ -236,7 +236,7 @@ class SpikeScanner:
             onset = min(onset, zero + 1)
         anchor = max(onset, self.floor)
         onset = self._not_before_its_cause(obs, anchor, trigger)
-        self._open(onset, trigger, rule, loss, int(np.argmax([zl_c[trigger - lo], zg_c[trigger - lo]])), anchor)
+        self._open(onset, trigger, rule, obs, int(np.argmax([zl_c[trigger - lo], zg_c[trigger - lo]])), anchor)
 
     def _not_before_its_cause(self, obs: Observations, onset: int, trigger: int) -> int:
         """The onset, or the first consequence of an LR raise off the schedule the alarm came after (``raise_after``):
@@ -345,20 +345,24 @@ class SpikeScanner:
         elif self.streak is None:
             self.streak = lo
 
-    def _open(self, onset: int, trigger: int, rule: str, loss: np.ndarray, led_by: int, anchor: int) -> None:
+    def _open(self, onset: int, trigger: int, rule: str, obs: Observations, led_by: int, anchor: int) -> None:
         """Open an episode at ``onset`` (or go on with the last one), its baseline frozen at ``anchor``: where the
         statistics date the change, at or before the onset (``_not_before_its_cause``), so no row the change may
         have lifted is in it."""
+        loss = obs["loss"]
         last = self.closed[-1] if self.closed else None
         if last is not None and not last.data.get("blip") and not last.data.get("superseded") \
-                and onset - (last.recovered_at + self.cfg.recovery_obs) < self.cfg.patience_obs \
+                and onset - (last.recovered_at + self.cfg.recovery_obs) < self._settles_in(last) \
+                and not self._lr_stepped_up(obs["lr"], last.recovered_at, onset - 1) \
                 and self._fresh_excursion(last, loss, trigger, trigger + 1,
                                           self._recent(last, loss, trigger, trigger + 1)) > 0:
-            # Out again within the patience of its recovery: the excursion was not over (the tail of a slow
-            # recovery), so the episode goes on rather than a second one starting. A blip that came straight
-            # back was over: what comes out after ``recovery_obs`` in-band observations is an incident of its own
-            # (two bad batches 23 observations apart are two, not one wider spread), and so was one whose next
-            # excursion is a fresh incident by the test that ends an episode for one (``_fresh_excursion``).
+            # Out again before it settled (``_settles_in``: before its lasting cost was measured): the excursion
+            # was not over (the tail of a slow recovery, an aftershock of a burst), so the episode goes on rather
+            # than a second one starting. A blip that came straight back was over: what comes out after
+            # ``recovery_obs`` in-band observations is an incident of its own (two bad batches 23 observations
+            # apart are two, not one wider spread), and so was one whose next excursion is a fresh incident by
+            # the test that ends an episode for one (``_fresh_excursion``), or one the LR stepped up before (a
+            # cause of its own: a jump, the schedule's warm restart).
             self.closed.pop()
             last.recovered_at, last.carry, last.end = None, 0, trigger
             last.data["below"] = last.data["above"] = 0  # judged afresh (what came before the recovery is settled)
@@ -388,6 +392,20 @@ class SpikeScanner:
         self._noted = self.pos
         self.streak = None
         self.chunk = FIRST_CHUNK
+
+    def _settles_in(self, ep: Episode) -> int:
+        """Observations after its recovery window within which an episode is not yet settled: an excursion's, the
+        ``lasting_obs`` its lasting cost is measured over (a burst's loss that comes back, then rises again within them
+        is its aftershock: fresh seed 392002's run 025, back at 1556 from an x51 burst at 1289 and up again from 1594,
+        the clean twin ~0.25 lower throughout, was a second warning); a wider spread's, ``patience_obs``: it has no
+        level to come back to, and a later excursion is judged on its own."""
+        return self.cfg.patience_obs if ep.data.get("noise_grew") else self.cfg.lasting_obs
+
+    def _lr_stepped_up(self, lr: np.ndarray, lo: int, hi: int) -> bool:
+        """Did the LR step up (``LRConfig.raise_factor`` from one logged row to the next) into a row of lo..hi?"""
+        v = lr[lo:hi + 1]
+        v = v[np.isfinite(v) & (v > 0)]
+        return bool(np.any(v[1:] >= self.ctx.config.lr.raise_factor * v[:-1]))
 
     def _loss_far(self, loss: np.ndarray, lo: int, hi: int) -> bool:
         """Did the loss itself go past the trigger threshold in lo..hi-1 (against the live baseline)?"""

@@ -1618,14 +1618,15 @@ def test_54_a_late_rebound_with_values_past_the_short_term_bar_is_an_annotation(
     norm under its bar, which the clean twin makes too. Three of its values passed 6.5 sigmas of the short-term
     noise, and each 'corroborated' it: a warning. Over 169 steps a shift of a few sigmas puts values there by
     chance; against the scale the CUSUM reads (the wander included) none is far out: an annotation. Fails on
-    309f954. Guard: the LR burst's spike is still a warning."""
+    309f954. Guard: the LR burst's spike is still a warning. (Since test 106 the burst's episode takes in a rise
+    at 1943 within its lasting window, and the rebound, judged after it, has no value past the short-term bar left:
+    test 73 keeps the lone far values.)"""
     steps, cols = _fresh_run("f396069-122")
     report = analyze(rows_table(steps, **cols))
     [burst] = [f for f in report.findings if f.kind == "spike" and 1840 <= f.onset_step <= 1850]
     assert burst.severity == "warning" and burst.evidence["lr_raised"], burst
     [rebound] = [f for f in report.findings if f.kind == "spike" and 2030 <= f.onset_step <= 2045]
     assert (rebound.severity, rebound.evidence["rule"], rebound.evidence["uncorroborated"]) == ("info", "cusum", True), rebound
-    assert rebound.evidence["observations_far_out"] > 0, rebound.evidence
 
 
 # 55. A precursor the loss rises with stays the finding where the loss's own rise is only noted.
@@ -2616,14 +2617,17 @@ def test_88_guard_rows_lifted_before_the_raise_keep_the_onset(seed: int) -> None
 @pytest.mark.parametrize("seed", range(3))
 def test_88_guard_an_excursion_that_alarmed_before_the_raise_keeps_its_onset(seed: int) -> None:
     """A lift of 3 noise sigmas from row 600, which the CUSUM alarms on by itself by row 621, then the LR x3 from
-    640: the lift began at 600 and the raise came after the alarm, so the onset stays 600."""
+    640: the lift began at 600 and the raise came after the alarm, so the onset stays 600. The baseline follows the
+    lift and calls it back after 24-32 rows; a rise out again from the raise's first consequence on (641) is an
+    incident of its own (a cause between, test 106), one that began before the raise the same one's tail."""
     n = 1000
     loss, grad = loss_curve(n, seed=seed), grad_curve(n, seed=seed + 10)
     lr = np.full(n, 1e-3)
     lr[640:] *= 3.0
     loss[600:] += 0.09
-    [f] = analyze(rows_table(np.arange(n), loss=loss, grad_norm=grad, lr=lr)).findings
+    f, *later = analyze(rows_table(np.arange(n), loss=loss, grad_norm=grad, lr=lr)).findings
     assert f.onset_step == 600 and f.evidence["trigger_step"] < 640, f
+    assert all(g.onset_step >= 641 and g.severity == "info" for g in later), later
 
 
 # 89. A raise whose effect grows is judged over the latest rows too.
@@ -3131,3 +3135,25 @@ def test_105_a_collapse_regrown_to_under_a_collapse_depth_is_over(pinned_from: i
     if first.self_recovered:
         assert "regrown to 16384 by step 1439" in first.message, first.message
     assert report.rollback is not None and report.rollback.checkpoint_step == expected, report.rollback
+
+
+# 106. A burst's loss that comes back and rises again before its lasting cost was measured is its aftershock.
+
+@pytest.mark.parametrize("raised_from", [None, 1585])
+def test_106_a_rise_before_an_excursion_settled_is_its_aftershock(raised_from: int | None) -> None:
+    """Real CPU training (fresh seed 392002's run 025, ``tests/fixtures/fresh``): fp16, batch 27, cosine, checkpoints
+    every 36. An LR burst x51 at 1288 throws the loss 0.89 -> 7.4; it is back in band by 1556 and up again from
+    1594 (0.40 -> 1.6, back after 580 steps), the clean twin ~0.25 lower all the while: the labeller's one spike,
+    1289-1562, needs no action. A recovered excursion's lasting cost is measured over the ``lasting_obs`` after its
+    recovery window; until then it has not settled, and a rise within them is its tail: one warning from 1289, not
+    a second from 1594 (it went on only within ``patience_obs``, 16). Fails on 0a2dd67 (a warning at 1594). Guard:
+    the LR x3 from 1585 is a cause of its own, and the rise after it a finding of its own."""
+    steps, cols = _fresh_run("f392002-025")
+    if raised_from is not None:
+        cols = {**cols, "lr": np.where(steps >= raised_from, 3.0 * cols["lr"], cols["lr"])}
+    report = _fresh_report_of("f392002-025", steps, cols)
+    assert [f.onset_step for f in _alarms(report)] == ([1289] if raised_from is None else [1289, 1594]), \
+        report.findings
+    [burst] = [f for f in report.findings if f.onset_step == 1289]
+    assert (burst.severity, burst.self_recovered) == ("warning", True), burst
+    assert (burst.end_step > 1594) is (raised_from is None), burst
