@@ -321,8 +321,9 @@ class ScalerConfig:
     """Growth intervals over which the median logged scale is the scaler's usual level, from which a halving
     chain's depth is counted (a sawtooth spends most of its time within one doubling of it)."""
     recovered_within: float = 3.0
-    """Halvings: back within 2^3 of the scale before the burst counts as regrown: fewer halvings under it than
-    make a collapse (``min_halvings``), so a chain from where it was to where it is now would not be one. From
+    """Halvings: back within 2^3 of where the run trained before the burst (``scaler_collapse._target``: the lower of
+    the scale before it and the median scale over ``level_window`` growth intervals) counts as regrown: fewer
+    halvings under it than make a collapse (``min_halvings``), so a chain from there to here would not be one. From
     there the scaler regrows at its own pace, and the skipped steps never touched the weights: a rollback
     restores nothing. The clean twins label a collapse over at the same depth (``bench/evalruns``: back under
     4 halvings below the twin). Two halvings (a healthy sawtooth's depth) called collapses that had stopped
