@@ -375,16 +375,21 @@ class ScalerScanner:
         return low
 
     def _target(self, ep: dict, steps: np.ndarray, scale: np.ndarray) -> float:
-        """The scale a collapse regrows towards: the lower of the scale before it and the median logged scale over
-        the ``level_window`` growth intervals before it (where the run usually trained; NaN without either).
-        A sawtooth at its ceiling logs the scale it overflows at for one step a growth interval and half of it for
-        the rest (fresh seed 277506's run 082: 262144 once each 27 steps, 131072 between), so the scale before a
-        burst can be that one peak; regrowth is judged against where the run trained, as a clean twin's scale
-        would be. Computed once, when a recovery is first asked about (a few times a segment)."""
+        """The scale a collapse regrows towards: the scale before it, or, where the scaler was in its sawtooth
+        (it had fallen over the ``level_window`` growth intervals before), the lower of that and the median logged
+        scale over them: where the run usually trained (NaN without either). A sawtooth at its ceiling logs the
+        scale it overflows at for one step a growth interval and half of it for the rest (fresh seed 277506's run
+        082: 262144 once each 27 steps, 131072 between), so the scale before a burst can be that one peak. A scaler
+        still growing from its initial scale has no usual level yet: its median lags where it is going (fresh seed
+        991661's run 064: 1024 -> 65536 by 370 with no overflow, a median of 8192 over the window, and a collapse
+        to 512 read as regrown at 1024 while the clean twin went on to 262144). Computed once, when a recovery is
+        first asked about (a few times a segment)."""
         if "target" not in ep:
             i = ep["first"]
-            since = int(steps[i]) - self.cfg.level_window * float(self.intervals.view[i])
-            past = scale[int(np.searchsorted(steps[:i], since)):i]
+            start, since = int(steps[i]), int(steps[i]) - self.cfg.level_window * float(self.intervals.view[i])
+            drops = self.drop_step.view
+            fell = np.searchsorted(drops, start) > np.searchsorted(drops, since)
+            past = scale[int(np.searchsorted(steps[:i], since)):i] if fell else np.empty(0)
             past = past[np.isfinite(past)]
             usual = float(np.median(past)) if len(past) else math.nan
             ep["target"] = float(np.fmin(ep["before"], usual))

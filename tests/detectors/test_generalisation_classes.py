@@ -3157,3 +3157,41 @@ def test_106_a_rise_before_an_excursion_settled_is_its_aftershock(raised_from: i
     [burst] = [f for f in report.findings if f.onset_step == 1289]
     assert (burst.severity, burst.self_recovered) == ("warning", True), burst
     assert (burst.end_step > 1594) is (raised_from is None), burst
+
+
+# 107. A scaler still growing from its initial scale has no usual level below the scale it reached.
+
+def _growing_scaler(n: int, interval: int = 61) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """GradScaler from 1024 that never overflowed (its ceiling far above), a doubling per ``interval`` clean steps
+    (65536 by 366), then 7 overflows in a row at 406-412 (down to 512), regrowing at the same pace."""
+    scale, found, s, clean = [], [], 1024.0, 0
+    for step in range(n):
+        scale.append(s)
+        found.append(406 <= step <= 412)
+        if found[-1]:
+            s, clean = s / 2, 0
+        else:
+            clean += 1
+            if clean == interval:
+                s, clean = s * 2, 0
+    return np.arange(n), np.array(scale), np.array(found)
+
+
+@pytest.mark.parametrize("n, recovered, advice", [(496, None, 280), (700, True, None)])
+def test_107_a_collapse_of_a_scaler_still_growing_is_judged_against_the_scale_it_reached(
+        n: int, recovered: bool | None, advice: int | None) -> None:
+    """Fresh seed 991661's run 064 in GradScaler's terms (fp16, growth interval 61, checkpoints every 140): the scale
+    grows from 1024 to 65536 with no overflow, then collapses to 512 at 406-412 and regrows a doubling per 61
+    steps. Where the run usually trained (test 105's target) is the median scale of a sawtooth; a scaler still
+    growing has none yet, and the median over its window, 8192, lags where it was going: the collapse read as
+    regrown at 1024 by 474, no advice, while the clean twin went on to 262144. Against the 65536 it reached, it
+    is not back by the end (496: not recovered yet, checkpoint 280), and back at 8192 by 657 in a longer run.
+    Fails on a82d3bd (regrown at 474)."""
+    steps, scale, found = _growing_scaler(n)
+    events = events_table([{"event": "checkpoint", "step": s, "payload": {"path": f"ckpt/{s}"}}
+                           for s in range(140, n, 140)])
+    report = analyze(rows_table(steps, loss=loss_curve(n), grad_norm=grad_curve(n), loss_scale=scale, found_inf=found),
+                     events, meta={"scaler": {"init_scale": 1024.0, "growth_interval": 61}})
+    [collapse] = [f for f in report.findings if f.kind == "scaler_collapse"]
+    assert (collapse.onset_step, collapse.self_recovered) == (406, recovered), collapse
+    assert (report.rollback.checkpoint_step if report.rollback else None) == advice, report.rollback
