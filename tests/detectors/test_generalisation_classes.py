@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import gzip
 import json
+import math
 import warnings
 from pathlib import Path
 
@@ -1417,11 +1418,13 @@ def test_46_a_slow_ramp_near_a_cosines_floor_begins_at_its_kink_not_at_the_lows_
 # 47. A collapse is over when the scaler is back in its sawtooth's range; one that stops skipping still deeper did
 #     not recover (unless it regrows later), and a burst after it is a collapse of its own.
 
-def _grad_scaler(n: int, overflows: set[int], interval: int, scale: float = 2.0 ** 19) -> tuple[np.ndarray, ...]:
+def _grad_scaler(n: int, overflows: set[int], interval: int, scale: float = 2.0 ** 19,
+                 cap: float | None = None) -> tuple[np.ndarray, ...]:
     """GradScaler's loss scale as a run logs it (the scale each step ran with) and its found_inf flag, per step
     1..n: an overflow halves the scale for the next step, ``interval`` clean steps in a row double it. Besides
-    the forced ``overflows``, a step overflows whenever its scale is above the first one (the sawtooth)."""
-    scales, flags, clean, cap = [], [], 0, scale
+    the forced ``overflows``, a step overflows whenever its scale is above ``cap`` (default the first one: the
+    sawtooth)."""
+    scales, flags, clean, cap = [], [], 0, scale if cap is None else cap
     for step in range(1, n + 1):
         scales.append(scale)
         flags.append(step in overflows or scale > cap)
@@ -3161,22 +3164,6 @@ def test_106_a_rise_before_an_excursion_settled_is_its_aftershock(raised_from: i
 
 # 107. A scaler still growing from its initial scale has no usual level below the scale it reached.
 
-def _growing_scaler(n: int, interval: int = 61) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """GradScaler from 1024 that never overflowed (its ceiling far above), a doubling per ``interval`` clean steps
-    (65536 by 366), then 7 overflows in a row at 406-412 (down to 512), regrowing at the same pace."""
-    scale, found, s, clean = [], [], 1024.0, 0
-    for step in range(n):
-        scale.append(s)
-        found.append(406 <= step <= 412)
-        if found[-1]:
-            s, clean = s / 2, 0
-        else:
-            clean += 1
-            if clean == interval:
-                s, clean = s * 2, 0
-    return np.arange(n), np.array(scale), np.array(found)
-
-
 @pytest.mark.parametrize("n, recovered, advice", [(496, None, 280), (700, True, None)])
 def test_107_a_collapse_of_a_scaler_still_growing_is_judged_against_the_scale_it_reached(
         n: int, recovered: bool | None, advice: int | None) -> None:
@@ -3187,7 +3174,9 @@ def test_107_a_collapse_of_a_scaler_still_growing_is_judged_against_the_scale_it
     regrown at 1024 by 474, no advice, while the clean twin went on to 262144. Against the 65536 it reached, it
     is not back by the end (496: not recovered yet, checkpoint 280), and back at 8192 by 657 in a longer run.
     Fails on a82d3bd (regrown at 474)."""
-    steps, scale, found = _growing_scaler(n)
+    # GradScaler from 1024 that never overflowed (no ceiling), a doubling per 61 clean steps (65536 by 367), then 7
+    # overflows in a row at 406-412 (down to 512), regrowing at the same pace.
+    steps, scale, found = _grad_scaler(n, set(range(406, 413)), 61, scale=1024.0, cap=math.inf)
     events = events_table([{"event": "checkpoint", "step": s, "payload": {"path": f"ckpt/{s}"}}
                            for s in range(140, n, 140)])
     report = analyze(rows_table(steps, loss=loss_curve(n), grad_norm=grad_curve(n), loss_scale=scale, found_inf=found),
