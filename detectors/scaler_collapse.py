@@ -210,9 +210,13 @@ class ScalerScanner:
         ``level_window`` growth intervals (inf before any). A healthy sawtooth now and then regrows one doubling
         above it and falls straight back; a chain counted from that peak is a halving or two deeper than the
         scaler ever fell (bench/calibrate.py: both false collapses left in 3M healthy steps were such peaks)."""
-        since = int(steps[i]) - self.cfg.level_window * float(self.intervals.view[i])
-        past = self.drop_scale.view[int(np.searchsorted(self.drop_step.view, since)):]
+        past = self.drop_scale.view[int(np.searchsorted(self.drop_step.view, self._level_since(i, steps))):]
         return _median(past) if len(past) else math.inf
+
+    def _level_since(self, i: int, steps: np.ndarray) -> float:
+        """The first step of the ``level_window`` growth intervals up to row ``i``, over which the scaler's usual
+        level is read (``_ceiling``, ``_target``)."""
+        return int(steps[i]) - self.cfg.level_window * float(self.intervals.view[i])
 
     def _skips(self, lo: int, n: int, obs: Observations) -> tuple[np.ndarray, int, np.ndarray, np.ndarray]:
         """Skipped steps on each row (the flag or the halvings of the logged scale), the first growth row,
@@ -386,7 +390,7 @@ class ScalerScanner:
         first asked about (a few times a segment)."""
         if "target" not in ep:
             i = ep["first"]
-            start, since = int(steps[i]), int(steps[i]) - self.cfg.level_window * float(self.intervals.view[i])
+            start, since = int(steps[i]), self._level_since(i, steps)
             drops = self.drop_step.view
             fell = np.searchsorted(drops, start) > np.searchsorted(drops, since)
             past = scale[int(np.searchsorted(steps[:i], since)):i] if fell else np.empty(0)

@@ -1438,11 +1438,11 @@ def _grad_scaler(n: int, overflows: set[int], interval: int, scale: float = 2.0 
 
 
 def _scaler_report(steps: np.ndarray, scale: np.ndarray, flags: np.ndarray, interval: int,
-                   every: int = 100) -> Report:
+                   every: int = 100, init_scale: float = 2.0 ** 19) -> Report:
     n = len(steps)
     events = [{"event": "checkpoint", "step": s, "payload": {"path": f"ckpt/{s}"}} for s in range(every, n, every)]
     return analyze(rows_table(steps, loss=loss_curve(n), grad_norm=grad_curve(n), loss_scale=scale, found_inf=flags),
-                   events_table(events), meta={"scaler": {"init_scale": 2.0 ** 19, "growth_interval": interval}})
+                   events_table(events), meta={"scaler": {"init_scale": init_scale, "growth_interval": interval}})
 
 
 @pytest.mark.parametrize("n, recovered", [(1700, False), (1750, True)])
@@ -3177,10 +3177,7 @@ def test_107_a_collapse_of_a_scaler_still_growing_is_judged_against_the_scale_it
     # GradScaler from 1024 that never overflowed (no ceiling), a doubling per 61 clean steps (65536 by 367), then 7
     # overflows in a row at 406-412 (down to 512), regrowing at the same pace.
     steps, scale, found = _grad_scaler(n, set(range(406, 413)), 61, scale=1024.0, cap=math.inf)
-    events = events_table([{"event": "checkpoint", "step": s, "payload": {"path": f"ckpt/{s}"}}
-                           for s in range(140, n, 140)])
-    report = analyze(rows_table(steps, loss=loss_curve(n), grad_norm=grad_curve(n), loss_scale=scale, found_inf=found),
-                     events, meta={"scaler": {"init_scale": 1024.0, "growth_interval": 61}})
+    report = _scaler_report(steps, scale, found, 61, every=140, init_scale=1024.0)
     [collapse] = [f for f in report.findings if f.kind == "scaler_collapse"]
     assert (collapse.onset_step, collapse.self_recovered) == (406, recovered), collapse
     assert (report.rollback.checkpoint_step if report.rollback else None) == advice, report.rollback
