@@ -417,6 +417,21 @@ class SlowdownConfig:
     to one slow GPU)."""
     warn_rise: float = 0.25
     """A slowdown of 25% or more is a warning; smaller ones are info."""
+    host_wander: float = 0.5
+    """A shared or preemptible host's step time normally wanders up to 50% for tens of steps (the noisy host
+    this detector is built for): before the run has shown its own variability (``learn_steps``), a rise within
+    that is no warning, whatever its sigmas. Early in a noisy host's run a calm first stretch makes its next
+    ordinary wander look like a slowdown: on the clean twins of twenty fresh seeds, 7 of the 12 false alarms
+    were a 27-47% rise 34-142 steps into a noisy host's run, its variability read from a calm first stretch at
+    2-8% (fresh seed 611909's run 081: 28% slower for 17 steps at step 142, over a wander of 10% sd read as 5%;
+    test 108). Larger slowdowns page from the first step; the labelled ones these early rises stood for are
+    1.2-5x, and none the rule turned to info was labelled apart from its host's wander."""
+    learn_steps: int = 256
+    """Training steps from a segment's first before its own variability is known: four correlation times of
+    the slowest wander a shared host shows (tens of steps: an AR(1) wander with lag-1 correlation 0.97 has a
+    correlation time of (1 + 0.97) / (1 - 0.97) = 66 steps); a variance from fewer is known to no better than
+    +-35% even where the wander is seen at all (1 / sqrt(2 n_eff), n_eff = 4). A spell that lasts this long is
+    no wander either: it is judged by ``warn_rise`` wherever it began (a slow node early on still pages)."""
     z: float = 6.0
     """Sigmas of the run's own variability (within-block jitter and between-block wander together) one
     observation must exceed to count as slow."""
@@ -427,10 +442,11 @@ class SlowdownConfig:
     wander's correlation time, shrinking as 1/sqrt(length / correlation time) beyond it (a noisy host's wander
     reaches 3-4 sigma for tens of steps now and then, not for many correlation times); set with
     ``bench/calibrate.py``: the budget is one warning-or-critical finding per 10^6 healthy steps for all kinds
-    together, and on its ten draws (30M steps) 3.5 makes 3 slowdown alarms of 17 in all (0.57 per 10^6, 95%
-    bound 0.85), 4 made 1 of 15 (0.50). The bar with the variability's uncertainty bound on top of it (x1.3-2.8
-    early in a noisy host's run) is what keeps early wander quiet; at 4, large slowdowns early in such runs were
-    missed as wander (fresh seed 929825's run 063: 4.8x slower for 143 steps from step 95, read at 3.7)."""
+    together, and on its ten draws (30M steps) 3.5 made 3 slowdown alarms of 17 in all (0.57 per 10^6, 95%
+    bound 0.85), 4 made 1 of 15 (0.50); with ``host_wander`` 3.5 makes 1 of 15 (0.50, bound 0.77). The bar
+    with the variability's uncertainty bound on top of it (x1.3-2.8 early in a noisy host's run) and
+    ``host_wander`` keep early wander quiet; at 4, large slowdowns early in such runs were missed as wander
+    (fresh seed 929825's run 063: 4.8x slower for 143 steps from step 95, read at 3.7)."""
     cusum_k: float = 1.5
     """CUSUM reference value over the variability-scaled log step time: half of a 3-sigma shift, the smallest
     slowdown worth a page beyond a host's normal wander (which itself reaches 1-2 sigma for tens of steps)."""

@@ -209,7 +209,8 @@ class SegmentDetectors:
         found = self._each(lambda series, scanner: scanner.findings(self.views(series)))
         found["stall"] = drop_slowdown_stalls(found["stall"], found["slowdown"], self.config.stall)
         timed = self.buf["time"]["step"]
-        lone, spells = stall_spells(found["stall"], self.config.slowdown, int(timed.view[-1]) if timed.size else -1)
+        ends = (int(timed.view[0]), int(timed.view[-1])) if timed.size else (0, -1)
+        lone, spells = stall_spells(found["stall"], self.config.slowdown, ends)
         found["stall"] = lone_stalls(lone, self.config.stall)
         found["slowdown"] = join_spells(found["slowdown"], spells, timed.view)
         if found["bad_resume"]:

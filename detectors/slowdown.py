@@ -12,7 +12,8 @@ back inside the band, unless it opens again within the wander's correlation
 time (one slow spell). Its median is judged against the variability of a
 median over as many observations: the wander averages down over a spell many
 correlation times long. A slowdown never needs a rollback; it is a 'warning'
-from ``warn_rise`` up and 'info' below, and one under ``warn_rise`` must last
+from ``warn_rise`` up and 'info' below (within a segment's first ``learn_steps``,
+from ``host_wander`` up: ``severity``), and one under ``warn_rise`` must last
 ``min_small_steps`` training steps; any must span ``min_steps``.
 """
 
@@ -233,10 +234,21 @@ class SlowdownScanner:
                         "detected_step": int(steps[ep.trigger]), "recovery_steps": took}
             out.append(Finding(
                 kind="slowdown", onset_step=int(steps[onset]), end_step=int(steps[end]), peak_step=int(steps[peak]),
-                segment=self.ctx.segment, severity="warning" if rise >= cfg.warn_rise else "info",
+                segment=self.ctx.segment, severity=severity(rise, int(steps[onset] - steps[0]),
+                                                            int(steps[end] - steps[onset]) + 1, cfg),
                 self_recovered=recovered, needs_action=False, evidence=evidence,
                 message=_message(int(steps[onset]), evidence, recovered)))
         return out
+
+
+def severity(rise: float, since_start: int, lasted: int, cfg: SlowdownConfig) -> str:
+    """'warning' from ``warn_rise`` up, 'info' below. A spell ``since_start`` training steps into a segment,
+    before ``learn_steps``, is a warning only beyond what a noisy host wanders by itself (``host_wander``): the
+    run has not yet shown whether its host is one; unless it has ``lasted`` ``learn_steps`` (a wander lasts
+    tens of steps, so a slow node from the start still pages, once it has outlasted one)."""
+    early = since_start < cfg.learn_steps and lasted < cfg.learn_steps
+    bar = max(cfg.warn_rise, cfg.host_wander) if early else cfg.warn_rise
+    return "warning" if rise >= bar else "info"
 
 
 def _message(onset_step: int, ev: dict, recovered: bool | None) -> str:
@@ -291,15 +303,16 @@ def step_change(log_t: np.ndarray, lo: int, trigger: int, end: int) -> int:
     return first + int(k[np.argmin(two_level_sse(x, k))])
 
 
-def stall_spells(stalls: list[Finding], cfg: SlowdownConfig, last_step: int) -> tuple[list[Finding], list[Finding]]:
+def stall_spells(stalls: list[Finding], cfg: SlowdownConfig,
+                 timed: tuple[int, int]) -> tuple[list[Finding], list[Finding]]:
     """(the stalls left, the slowdowns they make): a stretch of stalls in consecutive logged intervals is no
     pause but a slow spell, by the slowdown's own rules: ``min_obs`` slow intervals in it, none separated by
     ``RECOVERY_OBS`` normal ones, spanning ``min_steps`` steps. On a coarse log a slowdown of factor f adds
     (f - 1) k steps' time to every interval of k steps, which the stall rule reads interval by interval; the
     slowdown rule itself may still call the same spell the host's wander when the log is short and its
     correlation time uncertain (fresh seed 880457's runs 089 and 111: 2.4-2.8x slower for 115-160 steps,
-    logged every 5 and 10, read as 6 and 15 stalls and no slowdown). ``last_step``: the segment's last timed row
-    (a spell that reaches it is still slow)."""
+    logged every 5 and 10, read as 6 and 15 stalls and no slowdown). ``timed``: the segment's first and last timed
+    rows' steps (a spell that reaches the last is still slow; one early in the segment is judged as ``severity``)."""
     out, spells, group = [], [], []
     for st in sorted(stalls, key=lambda f: f.onset_step) + [None]:
         if st is not None and group and st.segment == group[-1].segment and st.onset_step - group[-1].end_step \
@@ -307,23 +320,24 @@ def stall_spells(stalls: list[Finding], cfg: SlowdownConfig, last_step: int) -> 
             group.append(st)
             continue
         if len(group) >= cfg.min_obs and group[-1].end_step - group[0].onset_step + 1 >= cfg.min_steps:
-            spells.append(_stall_spell(group, cfg, last_step))
+            spells.append(_stall_spell(group, cfg, timed))
         else:
             out += group
         group = [] if st is None else [st]
     return out, spells
 
 
-def _stall_spell(group: list[Finding], cfg: SlowdownConfig, last_step: int) -> Finding:
+def _stall_spell(group: list[Finding], cfg: SlowdownConfig, timed: tuple[int, int]) -> Finding:
     base = float(np.median([f.evidence["per_step_s"] for f in group]))
     per = [(f.evidence["gap_s"] - f.evidence.get("allowance_s", 0.0)) / max(f.evidence["num_steps"], 1) for f in group]
     level = float(np.median(per))
     rise = level / base - 1 if base > 0 else math.inf
     onset, end = group[0].onset_step, group[-1].end_step
-    recovered = True if end < last_step else None
+    recovered = True if end < timed[1] else None
     return Finding(
         kind="slowdown", onset_step=onset, end_step=end, peak_step=group[int(np.argmax(per))].end_step,
-        segment=group[0].segment, severity="warning" if rise >= cfg.warn_rise else "info", self_recovered=recovered,
+        segment=group[0].segment, severity=severity(rise, onset - timed[0], end - onset + 1, cfg),
+        self_recovered=recovered,
         needs_action=False,
         evidence={"baseline_step_s": base, "median_step_s": level, "rise": rise, "rule": "stall_spell",
                   "slow_intervals": len(group), "detected_step": group[cfg.min_obs - 1].end_step},
