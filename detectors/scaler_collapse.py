@@ -172,10 +172,15 @@ class ScalerScanner:
                     and self._faster_than_healthy(ch, step_i, float(self.intervals.view[i])):
                 ch["alarm"] = i
                 # The scale a row logs is the one its step ran with: the first decrease shows the halving of the
-                # skip flagged on the row before it. A burst of flagged skips running into it began at its first.
+                # skip flagged on the row before it, whether or not the decrease's own step skipped too (every
+                # other step overflowing) and however far apart the rows are logged, unless that row's scale had
+                # just grown (``_probe``); a burst of flagged skips one step apart running into that row began at
+                # its first. The change point chooses among them.
                 start, own = ch["first"], self.own_skip.view
-                while start > 0 and own[start] and own[start - 1] and int(steps[start]) - int(steps[start - 1]) == 1:
+                if start > 0 and own[start - 1] and not _probe(scale, start - 1):
                     start -= 1
+                    while start > 0 and own[start - 1] and int(steps[start]) - int(steps[start - 1]) == 1:
+                        start -= 1
                 ch["first"], ch["first_lo"] = self._onset(start, i, steps)
             ch["num_skipped"] += skipped
             if now < ch["min"]:
@@ -551,6 +556,15 @@ def _first(masks) -> int | None:
             return offset + int(hit[0])
         offset += len(mask)
     return None
+
+
+def _probe(scale: np.ndarray, row: int) -> bool:
+    """Whether ``row`` logged a scale above the last one logged before it: the scaler had just grown, and an
+    overflow there is its sawtooth probing the next doubling (GradScaler backs off at the first overflow after
+    each growth), not the first skip of a collapse that follows (fresh seed 448775's run 027: 131072 -> 262144
+    at 2202, flagged, then a burst from 2214)."""
+    earlier = scale[:row][np.isfinite(scale[:row])]
+    return bool(len(earlier)) and bool(scale[row] > earlier[-1])
 
 
 def _last_at_or_below_zero(sums: np.ndarray, end: int) -> int | None:

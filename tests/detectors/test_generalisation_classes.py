@@ -3210,3 +3210,56 @@ def test_108_an_early_rise_within_a_hosts_wander_is_no_warning(slower: tuple[flo
     else:  # from 146 where it starts at 150: the host's own rise from 142 runs into it
         [slow] = [f for f in warned if f.end_step >= start]
         assert start - 4 <= slow.onset_step <= start + 1 and slow.evidence["rise"] > 0.9 * (factor - 1), found
+
+
+# 109. A collapse begins at the flagged row before its first lower scale, on any log.
+
+@pytest.mark.parametrize("log_every, ordinary, earliest, checkpoint", [(2, None, 88, 43), (1, None, 88, 86),
+                                                                       (1, 60, 60, 43), (2, 60, 88, 43)])
+def test_109_a_collapse_begins_at_the_flagged_row_before_its_first_lower_scale(
+        log_every: int, ordinary: int | None, earliest: int, checkpoint: int) -> None:
+    """Fresh seed 644585's run 149 in GradScaler's terms: fp16 at 2^16 (its initial scale), a growth interval of
+    705, overflows every other step at 88-94 (2^16 -> 2^12, not regrown), logged every 2 steps, checkpoints every
+    43. Row 88 is flagged: its step overflowed, and its halving shows on the next row, the first lower scale. The
+    chain was walked back to a flagged row before its first decrease only where that decrease was flagged too and
+    one step later: every other step overflowing, or a log every 2 steps, the collapse began at 90, and the
+    advice was checkpoint 86, "the last logged step before the onset that is healthy" of a row that logged an
+    overflow. The onset is the first bad observation, 88; on a log every 2 steps checkpoint 43 precedes 86, the
+    last logged step before it. Fails on 53b7697 (onset 90 on both logs; checkpoint 86 on the coarse one). With
+    an ordinary overflow at 60 (the scale halved once, the burst 28 steps later) the chain's first halving is
+    60's, and the change point chooses among 60 and the burst's skips: the onset is 88, but at the alarm, three
+    skips into the burst, 60 is within its 95% set (``change_point_slack``), so the advice precedes it: 43 (on
+    53b7697, 86 on a per-step log, where the walk back stopped short of 60 and left it out; on the coarse log the
+    alarm comes later and the set is 88 alone)."""
+    overflows = {88, 90, 92, 94} | ({ordinary} if ordinary else set())
+    steps, scale, flags = _grad_scaler(634, overflows, 705, scale=2.0 ** 16)
+    keep = steps % log_every == 0
+    steps, scale, flags = steps[keep], scale[keep], flags[keep]
+    n = len(steps)
+    events = [{"event": "checkpoint", "step": s, "payload": {"path": f"ckpt/{s}"}} for s in range(43, 634, 43)]
+    report = analyze(rows_table(steps, loss=loss_curve(n), grad_norm=grad_curve(n), loss_scale=scale,
+                                found_inf=flags), events_table(events),
+                     meta={"scaler": {"init_scale": 2.0 ** 16, "growth_interval": 705}})
+    [collapse] = [f for f in report.findings if f.kind == "scaler_collapse"]
+    assert (collapse.onset_step, collapse.needs_action) == (88, True), collapse
+    assert collapse.evidence["earliest_onset_step"] == earliest, collapse.evidence
+    assert report.rollback is not None and report.rollback.checkpoint_step == checkpoint, report.rollback
+
+
+def test_109_a_sawtooth_probe_before_a_burst_is_not_its_first_skip() -> None:
+    """Guard for test 109 (fresh seed 448775's run 027 in GradScaler's terms): a sawtooth at its ceiling, 2^17,
+    grows to 2^18 at 52 and overflows there at once (flagged), as GradScaler probes each doubling; every other
+    step overflows from 61, logged every 2 steps (the flags on odd steps unseen), checkpoints every 10. The first
+    lower scale (54) shows the probe's halving, but an overflow at a scale just grown is the sawtooth's, not the
+    burst's first skip (``scaler_collapse._probe``): the onset is 62, the first row whose scale shows the burst,
+    and the advice 50. Walked back to the probe, the change point's set reached 52 and the advice went to 40."""
+    steps, scale, flags = _grad_scaler(400, set(range(61, 84, 2)), 51, scale=2.0 ** 17)
+    steps, scale, flags = steps[1::2], scale[1::2], flags[1::2]
+    n = len(steps)
+    events = [{"event": "checkpoint", "step": s, "payload": {"path": f"ckpt/{s}"}} for s in range(10, 400, 10)]
+    report = analyze(rows_table(steps, loss=loss_curve(n), grad_norm=grad_curve(n), loss_scale=scale,
+                                found_inf=flags), events_table(events),
+                     meta={"scaler": {"init_scale": 2.0 ** 17, "growth_interval": 51}})
+    [collapse] = [f for f in report.findings if f.kind == "scaler_collapse"]
+    assert (collapse.onset_step, collapse.evidence["earliest_onset_step"]) == (62, 62), collapse
+    assert report.rollback is not None and report.rollback.checkpoint_step == 50, report.rollback
