@@ -1439,8 +1439,9 @@ def _grad_scaler(n: int, overflows: set[int], interval: int, scale: float = 2.0 
 
 def _scaler_report(steps: np.ndarray, scale: np.ndarray, flags: np.ndarray, interval: int,
                    every: int = 100, init_scale: float = 2.0 ** 19) -> Report:
-    n = len(steps)
-    events = [{"event": "checkpoint", "step": s, "payload": {"path": f"ckpt/{s}"}} for s in range(every, n, every)]
+    n = len(steps)  # checkpoints every ``every`` steps, up to the last logged one (on any log interval)
+    events = [{"event": "checkpoint", "step": s, "payload": {"path": f"ckpt/{s}"}}
+              for s in range(every, int(steps[-1]), every)]
     return analyze(rows_table(steps, loss=loss_curve(n), grad_norm=grad_curve(n), loss_scale=scale, found_inf=flags),
                    events_table(events), meta={"scaler": {"init_scale": init_scale, "growth_interval": interval}})
 
@@ -3234,12 +3235,7 @@ def test_109_a_collapse_begins_at_the_flagged_row_before_its_first_lower_scale(
     overflows = {88, 90, 92, 94} | ({ordinary} if ordinary else set())
     steps, scale, flags = _grad_scaler(634, overflows, 705, scale=2.0 ** 16)
     keep = steps % log_every == 0
-    steps, scale, flags = steps[keep], scale[keep], flags[keep]
-    n = len(steps)
-    events = [{"event": "checkpoint", "step": s, "payload": {"path": f"ckpt/{s}"}} for s in range(43, 634, 43)]
-    report = analyze(rows_table(steps, loss=loss_curve(n), grad_norm=grad_curve(n), loss_scale=scale,
-                                found_inf=flags), events_table(events),
-                     meta={"scaler": {"init_scale": 2.0 ** 16, "growth_interval": 705}})
+    report = _scaler_report(steps[keep], scale[keep], flags[keep], 705, every=43, init_scale=2.0 ** 16)
     [collapse] = [f for f in report.findings if f.kind == "scaler_collapse"]
     assert (collapse.onset_step, collapse.needs_action) == (88, True), collapse
     assert collapse.evidence["earliest_onset_step"] == earliest, collapse.evidence
@@ -3254,12 +3250,7 @@ def test_109_a_sawtooth_probe_before_a_burst_is_not_its_first_skip() -> None:
     burst's first skip (``scaler_collapse._probe``): the onset is 62, the first row whose scale shows the burst,
     and the advice 50. Walked back to the probe, the change point's set reached 52 and the advice went to 40."""
     steps, scale, flags = _grad_scaler(400, set(range(61, 84, 2)), 51, scale=2.0 ** 17)
-    steps, scale, flags = steps[1::2], scale[1::2], flags[1::2]
-    n = len(steps)
-    events = [{"event": "checkpoint", "step": s, "payload": {"path": f"ckpt/{s}"}} for s in range(10, 400, 10)]
-    report = analyze(rows_table(steps, loss=loss_curve(n), grad_norm=grad_curve(n), loss_scale=scale,
-                                found_inf=flags), events_table(events),
-                     meta={"scaler": {"init_scale": 2.0 ** 17, "growth_interval": 51}})
+    report = _scaler_report(steps[1::2], scale[1::2], flags[1::2], 51, every=10, init_scale=2.0 ** 17)
     [collapse] = [f for f in report.findings if f.kind == "scaler_collapse"]
     assert (collapse.onset_step, collapse.evidence["earliest_onset_step"]) == (62, 62), collapse
     assert report.rollback is not None and report.rollback.checkpoint_step == 50, report.rollback
