@@ -245,7 +245,7 @@ def severity(rise: float, since_start: int, lasted: int, cfg: SlowdownConfig) ->
     """'warning' from ``warn_rise`` up, 'info' below. A spell ``since_start`` training steps into a segment,
     before ``learn_steps``, is a warning only beyond what a noisy host wanders by itself (``host_wander``): the
     run has not yet shown whether its host is one; unless it has ``lasted`` ``learn_steps`` (a wander lasts
-    tens of steps, so a slow node from the start still pages, once it has outlasted one)."""
+    tens of steps, so a slow node early in a segment still pages once it has lasted that long)."""
     early = since_start < cfg.learn_steps and lasted < cfg.learn_steps
     bar = max(cfg.warn_rise, cfg.host_wander) if early else cfg.warn_rise
     return "warning" if rise >= bar else "info"
