@@ -3197,10 +3197,8 @@ def test_108_an_early_rise_within_a_hosts_wander_is_no_warning(slower: tuple[flo
     ``learn_steps`` (no wander lasts that long); 1.35x from 300, past ``learn_steps``, is one as before."""
     from runwatch.detectors.slowdown import detect_slowdowns
 
-    with gzip.open(FIXTURES / "fresh" / "f611909-081-twin-time.csv.gz", "rt") as fh:
-        rows = list(csv.DictReader(fh))
-    steps = np.array([int(r["step"]) for r in rows])[1:]
-    per_step = np.diff([float(r["time"]) for r in rows])
+    logged, cols = _fresh_run("f611909-081-twin-time")
+    steps, per_step = logged[1:], np.diff(cols["time"]) / np.diff(logged)
     if slower is not None:
         factor, start, stop = slower
         per_step = np.where((steps >= start) & (steps < stop), factor * per_step, per_step)
