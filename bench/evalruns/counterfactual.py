@@ -26,6 +26,7 @@ import numpy as np
 from .scenarios import Label
 
 LOSS_KINDS = ("spike", "divergence")
+MEDIAN_SE = 1.2533  # a median's standard error in sigmas times sqrt(n): sqrt(pi / 2), for Gaussian noise
 LR_PERSISTING = ("lr_jump", "lr_grow", "lr_ramp")  # a divergence cause, unless the data came back and stayed
 
 
@@ -52,7 +53,17 @@ class LabelRules:
     """Observations after a spike's end over which its lasting cost (median e/sigma) is judged."""
     lasting_cost: float = 2.0
     """A median lift of 2 sigma over ``cost_window`` observations after the end is a lasting cost: the
-    run came back to a worse curve and needs action (DETECTION.md section 5)."""
+    run came back to a worse curve and needs action (DETECTION.md section 5)..."""
+    worse_than_before: float = 2.0
+    """...if the run is also worse now than before the fault: the median loss of its last ``cost_window``
+    observations (before a later loss fault, or at the data's end) this many standard errors above the twin's
+    median over the ``lift_run`` observations before the onset (a median of n has a standard error of 1.2533
+    sigma / sqrt(n): 2 of them for 8 and 32 observations are 0.99 sigma). A rollback restores a checkpoint from
+    before the onset, whose loss is no lower than that level on a falling curve; a run back at it or under it has
+    nothing to gain from one, and would redo all the training since to regain the lag (its progress lost in the
+    excursion), which is shorter (issue 8, item 1: a recovered spike must not throw the good training after it
+    away). v8 asked only whether the run stayed above the twin: a burst early in a long run whose loss came back
+    under its level of before within 250 steps, while the twin learned on, needed action there."""
     noise_window: int = 64
     """Twin observations around the fault (half before it, half after: the twin is clean on both sides) whose
     residuals give sigma: the noise where the fault acts. A MAD of 64 is within ~15% of sigma. The batch-to-
@@ -233,11 +244,27 @@ def loss_label(inj: Injection, lin: Lineage, i0: int, i1: int, rules: LabelRules
         if j is None or (len(means) and means.max() >= rules.band):
             return _label(inj, lin, verdict, i0, last, peak, kind="divergence", needs_action=True)
         cost = zl[end + 1:end + 1 + rules.cost_window]
+        costly = len(cost) > 0 and float(np.median(cost)) >= rules.lasting_cost
         return _label(inj, lin, verdict, i0, end, peak, kind="spike", subtype=f"{inj.subtype}_recovered",
-                      needs_action=len(cost) > 0 and float(np.median(cost)) >= rules.lasting_cost)
+                      needs_action=costly and worse_now(lin, i0, i1, rules))
     cost = zl[end + 1:min(end + 1 + rules.cost_window, max(i1, end + 1 + rules.lift_run))]
     lasting = len(cost) > 0 and float(np.median(np.nan_to_num(cost, posinf=1e12))) >= rules.lasting_cost
-    return _label(inj, lin, verdict, i0, end, peak, kind="spike", needs_action=j is None or lasting)
+    return _label(inj, lin, verdict, i0, end, peak, kind="spike",
+                  needs_action=(j is None or lasting) and worse_now(lin, i0, i1, rules))
+
+
+def worse_now(lin: Lineage, i0: int, i1: int, rules: LabelRules) -> bool:
+    """Whether the run before index ``i1`` (a later loss fault, or the data's end) is ``worse_than_before`` standard
+    errors above its loss before the fault at ``i0``; true when nothing was logged before the fault to compare with."""
+    twin = lin.twin["loss"].astype(float)
+    before = twin[max(0, i0 - rules.lift_run):i0]
+    before = before[np.isfinite(before)]
+    now = lin.faulty["loss"].astype(float)[max(i0, i1 - rules.cost_window):i1]
+    if not len(before) or not len(now):
+        return True
+    level = float(np.median(np.nan_to_num(now, nan=np.inf, posinf=1e12)))
+    se = MEDIAN_SE * noise_sigma(twin, i0, rules, trend=True) * np.sqrt(1 / len(before) + 1 / len(now))
+    return bool(level - float(np.median(before)) >= rules.worse_than_before * se)
 
 
 def _bad(lin: Lineage) -> np.ndarray:

@@ -149,6 +149,29 @@ def test_spike_or_divergence_is_what_the_twin_difference_shows(shape, sub, kind,
         assert 109 <= lab.end <= 112
 
 
+@pytest.mark.parametrize("behind,expect_action", [
+    # 100 observations behind the twin at the end, but below its own loss before the burst: nothing to roll back to
+    (0.4, False),
+    # 375 behind: still above where it was before the burst, so the checkpoint before it is the better state
+    (1.5, True),
+])
+def test_a_spike_needs_action_only_if_the_run_is_worse_now_than_before_it(behind, expect_action) -> None:
+    """Issue 8, item 1: a recovered spike must not throw away the training after it. On a falling curve a run that
+    lost progress to a burst stays above its twin for good (v8 called that a lasting cost, needing action); a
+    rollback restores the loss from before the burst, so it helps only if the run is worse now than that."""
+    n = 400
+    twin = 3.0 - 0.004 * np.arange(n) + 0.05 * np.random.default_rng(1).standard_normal(n)
+    effect = np.zeros(n)
+    effect[100:110] = 1.0  # the burst: 20 sigma
+    effect[110:] = behind  # then on the twin's curve, this far behind it (0.004 per observation)
+    cols = {"grad_norm": np.ones(n), "loss_scale": np.full(n, np.nan), "found_inf": np.zeros(n, bool),
+            "step_time": np.ones(n)}
+    lin = Lineage(np.arange(n), np.zeros(n, int), {**cols, "loss": twin + effect}, {**cols, "loss": twin})
+    lab = loss_label(_inj("lr_burst", "spike"), lin, 100, n, LabelRules())
+    assert (lab.kind, lab.end, lab.dont_care) == ("spike", n - 1, False)  # never back within the twin's band
+    assert lab.needs_action is expect_action
+
+
 @pytest.mark.parametrize("size,expect", [(0.06, None), (0.25, "dont_care"), (0.6, "label")])
 def test_effect_size_decides_label_dont_care_or_nothing(size, expect) -> None:
     effect = np.zeros(400)
