@@ -112,10 +112,11 @@ def test_a_large_lr_jump_is_a_divergence_that_needs_action(labelled) -> None:
     assert div and div[0].onset == 151 and div[0].end == 319 and div[0].needs_action and not div[0].dont_care
 
 
-def _lineage(effect: np.ndarray, seed: int = 0) -> Lineage:
-    """Twin: a flat loss with 0.05 noise; faulty: the twin plus ``effect`` (its first 100 observations zero)."""
+def _lineage(effect: np.ndarray, seed: int = 0, fall: float = 0.0) -> Lineage:
+    """Twin: a loss from 3.0 falling ``fall`` per observation, with 0.05 noise; faulty: the twin plus ``effect``
+    (its first 100 observations zero)."""
     n = len(effect)
-    twin = 3.0 + 0.05 * np.random.default_rng(seed).standard_normal(n)
+    twin = 3.0 - fall * np.arange(n) + 0.05 * np.random.default_rng(seed).standard_normal(n)
     cols = {"grad_norm": np.ones(n), "loss_scale": np.full(n, np.nan), "found_inf": np.zeros(n, bool),
             "step_time": np.ones(n)}
     return Lineage(np.arange(n), np.zeros(n, int), {**cols, "loss": twin + effect}, {**cols, "loss": twin})
@@ -160,14 +161,10 @@ def test_a_spike_needs_action_only_if_the_run_is_worse_now_than_before_it(behind
     lost progress to a burst stays above its twin for good (v8 called that a lasting cost, needing action); a
     rollback restores the loss from before the burst, so it helps only if the run is worse now than that."""
     n = 400
-    twin = 3.0 - 0.004 * np.arange(n) + 0.05 * np.random.default_rng(1).standard_normal(n)
     effect = np.zeros(n)
     effect[100:110] = 1.0  # the burst: 20 sigma
     effect[110:] = behind  # then on the twin's curve, this far behind it (0.004 per observation)
-    cols = {"grad_norm": np.ones(n), "loss_scale": np.full(n, np.nan), "found_inf": np.zeros(n, bool),
-            "step_time": np.ones(n)}
-    lin = Lineage(np.arange(n), np.zeros(n, int), {**cols, "loss": twin + effect}, {**cols, "loss": twin})
-    lab = loss_label(_inj("lr_burst", "spike"), lin, 100, n, LabelRules())
+    lab = loss_label(_inj("lr_burst", "spike"), _lineage(effect, seed=1, fall=0.004), 100, n, LabelRules())
     assert (lab.kind, lab.end, lab.dont_care) == ("spike", n - 1, False)  # never back within the twin's band
     assert lab.needs_action is expect_action
 
