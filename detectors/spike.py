@@ -919,8 +919,12 @@ def _longest_run(mask: np.ndarray) -> int:
 
 def _lasting_cost(sc: SpikeScanner, ep: Episode, loss: np.ndarray, n: int) -> dict:
     """How far above the pre-onset trend carried forward the loss stays once back (the lasting cost), and
-    above the pre-onset level itself: measured after the recovery window, over ``lasting_obs``."""
+    above the pre-onset level itself: measured after the recovery window, over ``lasting_obs``. Where the data ends
+    within ``recovery_obs`` of that window, over the rows since the recovery: the run as it is now, not nothing
+    (a report read when a long burst has just come back, as at the end of a run, saw no cost at all)."""
     a = ep.recovered_at + sc.cfg.recovery_obs
+    if n - a < sc.cfg.recovery_obs:
+        a = ep.recovered_at
     b = min(n, a + sc.cfg.lasting_obs)
     after = loss[a:b]
     ok = np.isfinite(after)

@@ -3252,3 +3252,25 @@ def test_109_a_sawtooth_probe_before_a_burst_is_not_its_first_skip() -> None:
     [collapse] = [f for f in report.findings if f.kind == "scaler_collapse"]
     assert (collapse.onset_step, collapse.evidence["earliest_onset_step"]) == (62, 62), collapse
     assert report.rollback is not None and report.rollback.checkpoint_step == 50, report.rollback
+
+
+# 110. A spike back to its trend just before the data ends is judged by the rows since it came back.
+
+@pytest.mark.parametrize("lowered", [False, True])
+def test_110_a_cost_is_measured_on_the_rows_there_are(lowered: bool) -> None:
+    """Real CPU training (fresh seed 991661's run 072, ``tests/fixtures/fresh``): fp32, batch 10, multistep after a
+    39-step warm-up, checkpoints every 39. An LR burst x156 at 184 throws the loss 2.97 -> 28.9; it is back within
+    3 sigmas of its trend carried forward for the 8 rows 497-504, the last the run logged, but 1.2 (2.1 sigma) above
+    it and above its level before the burst: the labeller's spike needs action (checkpoint 156). The lasting cost
+    is measured over the ``lasting_obs`` after the recovery window; where the data ends within ``recovery_obs`` of
+    it, over the rows since the recovery. Fails on 97e5fb9 (no cost measured: a warning, no advice). Guard: the
+    same rows lowered by 1.2 to the level before the burst are a recovery with no cost (a warning, no advice)."""
+    steps, cols = _fresh_run("f991661-072")
+    if lowered:
+        cols = {**cols, "loss": np.where(steps > 496, cols["loss"] - 1.2, cols["loss"])}
+    report = _fresh_report_of("f991661-072", steps, cols)
+    [spike] = [f for f in report.findings if f.kind == "spike"]
+    assert (spike.onset_step, spike.end_step, spike.self_recovered) == (185, 496, True), spike
+    assert (spike.severity, spike.needs_action) == (("warning", False) if lowered else ("critical", True)), spike
+    assert (spike.evidence.get("lasting_cost_sigmas", 0.0) < 0.5) is lowered, spike.evidence
+    assert (report.rollback.checkpoint_step if report.rollback else None) == (None if lowered else 156), report.rollback
