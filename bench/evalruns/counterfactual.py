@@ -245,26 +245,62 @@ def loss_label(inj: Injection, lin: Lineage, i0: int, i1: int, rules: LabelRules
             return _label(inj, lin, verdict, i0, last, peak, kind="divergence", needs_action=True)
         cost = zl[end + 1:end + 1 + rules.cost_window]
         costly = len(cost) > 0 and float(np.median(cost)) >= rules.lasting_cost
-        return _label(inj, lin, verdict, i0, end, peak, kind="spike", subtype=f"{inj.subtype}_recovered",
-                      needs_action=costly and worse_now(lin, i0, i1, rules))
+        return _settled(_label(inj, lin, verdict, i0, end, peak, kind="spike", subtype=f"{inj.subtype}_recovered",
+                               needs_action=costly and worse_now(lin, i0, i1, rules)), lin, i0, i1, rules)
     cost = zl[end + 1:min(end + 1 + rules.cost_window, max(i1, end + 1 + rules.lift_run))]
     lasting = len(cost) > 0 and float(np.median(np.nan_to_num(cost, posinf=1e12))) >= rules.lasting_cost
-    return _label(inj, lin, verdict, i0, end, peak, kind="spike",
-                  needs_action=(j is None or lasting) and worse_now(lin, i0, i1, rules))
+    return _settled(_label(inj, lin, verdict, i0, end, peak, kind="spike",
+                           needs_action=(j is None or lasting) and worse_now(lin, i0, i1, rules)), lin, i0, i1, rules)
+
+
+def _settled(lab: Label, lin: Lineage, i0: int, i1: int, rules: LabelRules) -> Label:
+    """A spike that needs no action, with the step it settled at (``settled_step``) if that comes before its end."""
+    if lab.needs_action or lab.dont_care:
+        return lab
+    at = settled_step(lin, i0, i1, rules)
+    return lab if at is None or at > lab.end else replace(lab, settled=at)
 
 
 def worse_now(lin: Lineage, i0: int, i1: int, rules: LabelRules) -> bool:
     """Whether the run before index ``i1`` (a later loss fault, or the data's end) is ``worse_than_before`` standard
     errors above its loss before the fault at ``i0``; true when nothing was logged before the fault to compare with."""
+    return _worse_than(_before(lin, i0, rules), lin.faulty["loss"].astype(float)[max(i0, i1 - rules.cost_window):i1],
+                       rules)
+
+
+def _before(lin: Lineage, i0: int, rules: LabelRules) -> tuple[float, int, float]:
+    """(median, count) of the twin's ``lift_run`` finite losses before index ``i0``, and its noise sigma there."""
     twin = lin.twin["loss"].astype(float)
     before = twin[max(0, i0 - rules.lift_run):i0]
     before = before[np.isfinite(before)]
-    now = lin.faulty["loss"].astype(float)[max(i0, i1 - rules.cost_window):i1]
-    if not len(before) or not len(now):
+    level = float(np.median(before)) if len(before) else np.nan
+    return level, len(before), noise_sigma(twin, i0, rules, trend=True)
+
+
+def _worse_than(before: tuple[float, int, float], now: np.ndarray, rules: LabelRules) -> bool:
+    """Whether the median of ``now`` is ``worse_than_before`` standard errors of the difference of the two medians
+    above the level ``before`` (``_before``); true with nothing before."""
+    level, n, sigma = before
+    if not n or not len(now):
         return True
-    level = float(np.median(np.nan_to_num(now, nan=np.inf, posinf=1e12)))
-    se = MEDIAN_SE * noise_sigma(twin, i0, rules, trend=True) * np.sqrt(1 / len(before) + 1 / len(now))
-    return bool(level - float(np.median(before)) >= rules.worse_than_before * se)
+    se = MEDIAN_SE * sigma * np.sqrt(1 / n + 1 / len(now))
+    return bool(float(np.median(np.nan_to_num(now, nan=np.inf, posinf=1e12))) - level >= rules.worse_than_before * se)
+
+
+def settled_step(lin: Lineage, i0: int, i1: int, rules: LabelRules) -> int | None:
+    """The first logged step from which the run is no worse than before the fault at ``i0`` for good (before index
+    ``i1``): out of the thick of the excursion (the ``lift_run`` observations from there no worse than before) and,
+    from there on, every window of ``cost_window`` observations (shorter near ``i1``, ``lift_run`` at least) no
+    worse either (``worse_now``'s test, the other way). A checkpoint from the step before it on holds a state that
+    made those losses, no worse than a checkpoint from before the onset, with the training since kept (v10). None
+    while the last such window is still worse."""
+    loss, before, last = lin.faulty["loss"].astype(float), _before(lin, i0, rules), i1 - rules.lift_run
+    out = next((j for j in range(i0, last + 1) if not _worse_than(before, loss[j:j + rules.lift_run], rules)), None)
+    if out is None:
+        return None
+    worse = [j for j in range(out, last + 1) if _worse_than(before, loss[j:min(j + rules.cost_window, i1)], rules)]
+    k = worse[-1] + 1 if worse else out
+    return int(lin.step[k]) if k <= last else None
 
 
 def _bad(lin: Lineage) -> np.ndarray:

@@ -47,6 +47,8 @@ class Label:
     open: bool = True  # on the main line and not already rolled back
     dont_care: bool = False  # an effect between negligible and clear: a finding here is neither a hit nor a false alarm
     size: float | None = None  # the effect in the twin's noise sigmas (fresh set; 999 = non-finite)
+    settled: int | None = None  # a label needing no action: the step from which the run is no worse than
+    # before it (fresh set, v10); checkpoints from the step before it on hold no damage
 
 
 @dataclass

@@ -14,7 +14,12 @@ is therefore the latest checkpoint c on the main line that
   up to the row before it ran at the old LR and the checkpoint at that row is
   clean (a coarse log: the raise came somewhere after that row);
 - is not inside any labelled excursion's [onset - 1, end] (its state is
-  mid-excursion: checkpoint onset - 1 made the onset's observation);
+  mid-excursion: checkpoint onset - 1 made the onset's observation), where a
+  spike that needs no action ends, for this, at its ``settled`` step less 2:
+  from there on the run was no worse than before it (fresh-v10), so the
+  checkpoint that made that step's loss loses nothing against one before the
+  onset and keeps the training since (the economics that decide whether the
+  spike needs action at all, fresh-v9);
 - is not inside a loss-scale backoff burst (a healthy checkpoint has its loss
   scale at a normal level);
 
@@ -91,9 +96,18 @@ def right_checkpoint(labels: Sequence[object], line: MainLine) -> int | None:
         return any(seg == first.segment and a <= step <= b for seg, a, b in line.lr_raised)
 
     clean_to = limit if raised(onset) and not raised(limit) else limit - 1
-    blocked = [(lab.onset - 1, lab.end) for lab in real if lab.kind in EXCURSION_KINDS] + list(line.backoff_bursts)
+    blocked = [(lab.onset - 1, _damaged_to(lab)) for lab in real if lab.kind in EXCURSION_KINDS]
+    blocked += list(line.backoff_bursts)
     ok = [c for c in line.checkpoints if c <= clean_to and not any(lo <= c <= hi for lo, hi in blocked)]
     return max(ok, default=None)
+
+
+def _damaged_to(lab: object) -> int:
+    """The last checkpoint step an excursion's damage reaches: its end, or for one that needs no action and settled
+    before it (no worse than before its onset from ``settled`` on), the step before the one that made ``settled``'s
+    loss."""
+    settled = getattr(lab, "settled", None)
+    return lab.end if settled is None or lab.needs_action else min(lab.end, settled - 2)
 
 
 def logged_steps(spec: object, segment: int) -> np.ndarray:

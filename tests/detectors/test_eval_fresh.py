@@ -167,6 +167,24 @@ def test_a_spike_needs_action_only_if_the_run_is_worse_now_than_before_it(behind
     lab = loss_label(_inj("lr_burst", "spike"), _lineage(effect, seed=1, fall=0.004), 100, n, LabelRules())
     assert (lab.kind, lab.end, lab.dont_care) == ("spike", n - 1, False)  # never back within the twin's band
     assert lab.needs_action is expect_action
+    # v10: one that needs none settled where the run came back to its level before the burst (2.62), 0.4 behind
+    # the twin: the median of the 8 observations from ~177 on, 3.4 - 0.004 (j + 3.5), within 2 of their standard
+    # errors (0.063), and every 32 from there (181 on this seed)
+    assert lab.settled is None if expect_action else 175 <= lab.settled <= 190
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_spike_that_needs_no_action_settles_once_out_of_its_thick(seed: int) -> None:
+    """v10: a checkpoint inside a spike that needs no action is clean from where the run is no worse than before it,
+    but not in the thick of it. Five observations 20 sigma up, then back on the twin: the 8 observations from the
+    onset, or the one after it, are mostly the spike's (their median up), and from the third or fourth on mostly back;
+    every 32 from there are no worse. So checkpoints 99-100 (their losses the spike's) stay blocked, and the one
+    that made the third or fourth observation's loss is clean (``truth._damaged_to``)."""
+    effect = np.zeros(400)
+    effect[100:105] = 1.0
+    lab = loss_label(_inj("lr_burst", "spike"), _lineage(effect, seed=seed, fall=0.004), 100, 400, LabelRules())
+    assert (lab.kind, lab.onset, lab.end, lab.needs_action) == ("spike", 100, 104, False)
+    assert lab.settled in (102, 103)
 
 
 @pytest.mark.parametrize("size,expect", [(0.06, None), (0.25, "dont_care"), (0.6, "label")])

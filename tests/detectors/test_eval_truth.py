@@ -30,6 +30,10 @@ DIV = Label("divergence", "x", 130, 300, needs_action=True)
     ([Label("spike", "x", 60, 80), DIV], np.arange(301), (50, 75, 100), (), 100),  # recovered earlier: no push back
     ([Label("spike", "x", 95, 110), DIV], np.arange(301), (50, 75, 100), (), 75),  # inside [onset - 1, end]
     ([Label("spike", "x", 101, 110), DIV], np.arange(301), (50, 75, 100), (), 75),  # onset - 1 made the onset
+    # a spike that needs no action and was no worse than before it from step 98 on: checkpoint 96 made 97's loss
+    ([Label("spike", "x", 60, 125, settled=98), DIV], np.arange(301), (50, 75, 96, 100), (), 100),
+    ([Label("spike", "x", 60, 125, settled=103), DIV], np.arange(301), (50, 75, 100), (), 50),
+    ([Label("spike", "x", 60, 125, needs_action=True, settled=98)], np.arange(301), (50, 100), (), 50),
     ([DIV], np.arange(301), (50, 100), ((98, 104),), 50),  # inside a backoff burst
     ([DIV], np.arange(301), (150,), (), None),  # no checkpoint qualifies
     ([Label("spike", "x", 100, 110)], np.arange(301), (50,), (), None),  # nothing needs action
