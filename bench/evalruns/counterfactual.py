@@ -63,7 +63,8 @@ class LabelRules:
     nothing to gain from one, and would redo all the training since to regain the lag (its progress lost in the
     excursion), which is shorter (issue 8, item 1: a recovered spike must not throw the good training after it
     away). v8 asked only whether the run stayed above the twin: a burst early in a long run whose loss came back
-    under its level of before within 250 steps, while the twin learned on, needed action there."""
+    under its level of before within 250 steps, while the twin learned on, needed action there. v10 asks the same
+    of the checkpoints inside a spike that needs no action (``settled_step``)."""
     noise_window: int = 64
     """Twin observations around the fault (half before it, half after: the twin is clean on both sides) whose
     residuals give sigma: the noise where the fault acts. A MAD of 64 is within ~15% of sigma. The batch-to-
@@ -245,27 +246,26 @@ def loss_label(inj: Injection, lin: Lineage, i0: int, i1: int, rules: LabelRules
             return _label(inj, lin, verdict, i0, last, peak, kind="divergence", needs_action=True)
         cost = zl[end + 1:end + 1 + rules.cost_window]
         costly = len(cost) > 0 and float(np.median(cost)) >= rules.lasting_cost
-        return _settled(_label(inj, lin, verdict, i0, end, peak, kind="spike", subtype=f"{inj.subtype}_recovered",
-                               needs_action=costly and worse_now(lin, i0, i1, rules)), lin, i0, i1, rules)
+        return _spike(inj, lin, verdict, i0, i1, end, peak, costly, rules, subtype=f"{inj.subtype}_recovered")
     cost = zl[end + 1:min(end + 1 + rules.cost_window, max(i1, end + 1 + rules.lift_run))]
     lasting = len(cost) > 0 and float(np.median(np.nan_to_num(cost, posinf=1e12))) >= rules.lasting_cost
-    return _settled(_label(inj, lin, verdict, i0, end, peak, kind="spike",
-                           needs_action=(j is None or lasting) and worse_now(lin, i0, i1, rules)), lin, i0, i1, rules)
+    return _spike(inj, lin, verdict, i0, i1, end, peak, j is None or lasting, rules)
 
 
-def _settled(lab: Label, lin: Lineage, i0: int, i1: int, rules: LabelRules) -> Label:
-    """A spike that needs no action, with the step it settled at (``settled_step``) if that comes before its end."""
+def _spike(inj: Injection, lin: Lineage, verdict: str, i0: int, i1: int, end: int, peak: float, costly: bool,
+           rules: LabelRules, subtype: str | None = None) -> Label:
+    """A spike label. One not back or with a lasting cost (``costly``) needs action only if the run before index
+    ``i1`` (a later loss fault, or the data's end) is also worse now than before the fault at ``i0``: the median of
+    its last ``cost_window`` losses ``worse_than_before`` standard errors up (v9; true with nothing logged before).
+    One that needs none carries the step it settled at (``settled_step``, v10) where that comes before its end."""
+    before = _before(lin, i0, rules)
+    now = lin.faulty["loss"].astype(float)[max(i0, i1 - rules.cost_window):i1]
+    lab = _label(inj, lin, verdict, i0, end, peak, kind="spike", subtype=subtype,
+                 needs_action=costly and _worse_than(before, now, rules))
     if lab.needs_action or lab.dont_care:
         return lab
-    at = settled_step(lin, i0, i1, rules)
+    at = settled_step(lin, i0, i1, rules, before)
     return lab if at is None or at > lab.end else replace(lab, settled=at)
-
-
-def worse_now(lin: Lineage, i0: int, i1: int, rules: LabelRules) -> bool:
-    """Whether the run before index ``i1`` (a later loss fault, or the data's end) is ``worse_than_before`` standard
-    errors above its loss before the fault at ``i0``; true when nothing was logged before the fault to compare with."""
-    return _worse_than(_before(lin, i0, rules), lin.faulty["loss"].astype(float)[max(i0, i1 - rules.cost_window):i1],
-                       rules)
 
 
 def _before(lin: Lineage, i0: int, rules: LabelRules) -> tuple[float, int, float]:
@@ -287,14 +287,16 @@ def _worse_than(before: tuple[float, int, float], now: np.ndarray, rules: LabelR
     return bool(float(np.median(np.nan_to_num(now, nan=np.inf, posinf=1e12))) - level >= rules.worse_than_before * se)
 
 
-def settled_step(lin: Lineage, i0: int, i1: int, rules: LabelRules) -> int | None:
+def settled_step(lin: Lineage, i0: int, i1: int, rules: LabelRules,
+                 before: tuple[float, int, float] | None = None) -> int | None:
     """The first logged step from which the run is no worse than before the fault at ``i0`` for good (before index
     ``i1``): out of the thick of the excursion (the ``lift_run`` observations from there no worse than before) and,
     from there on, every window of ``cost_window`` observations (shorter near ``i1``, ``lift_run`` at least) no
-    worse either (``worse_now``'s test, the other way). A checkpoint from the step before it on holds a state that
-    made those losses, no worse than a checkpoint from before the onset, with the training since kept (v10). None
-    while the last such window is still worse."""
-    loss, before, last = lin.faulty["loss"].astype(float), _before(lin, i0, rules), i1 - rules.lift_run
+    worse either (v9's test of the run's end, ``_spike``, the other way). A checkpoint from the step before it on
+    holds a state that made those losses, no worse than a checkpoint from before the onset, with the training since
+    kept (v10). None while the last such window is still worse. ``before``: ``_before(lin, i0, rules)``, if read."""
+    loss, last = lin.faulty["loss"].astype(float), i1 - rules.lift_run
+    before = _before(lin, i0, rules) if before is None else before
     out = next((j for j in range(i0, last + 1) if not _worse_than(before, loss[j:j + rules.lift_run], rules)), None)
     if out is None:
         return None
