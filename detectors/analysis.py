@@ -287,7 +287,8 @@ def analyze(rows: pa.Table, events: pa.Table | None = None, now: float | None = 
     cols, infos, main = read_rows(rows, resumes)  # the segments' columns, their ranges and the main line
     raw: list[Finding] = []
     for segment in sorted(cols):
-        history, resume_step = parent_history(segment, int(cols[segment]["step"][0]), cols, resumes.get(segment), raw)
+        history, resume_step = parent_history(segment, int(cols[segment]["step"][0]), cols, resumes.get(segment), raw,
+                                              cfg.slowdown.history_obs)
         scan = SegmentDetectors(segment, cfg, meta=meta, checkpoint_seconds=seconds, history=history,
                                 resume_step=resume_step)
         scan.advance(cols[segment])

@@ -429,7 +429,8 @@ class SlowdownConfig:
     fewer (9 on the clean twins, 8 in faulted runs): a steady host's first stretch and a calm noisy one's read
     alike."""
     learn_steps: int = 256
-    """Training steps from a segment's first before its own variability is known: four correlation times of
+    """Training steps from the first of a segment's step times (a resumed segment's start from its parent's, which
+    it takes as its history) before the run's own variability is known: four correlation times of
     the slowest wander a shared host shows (tens of steps: an AR(1) wander with lag-1 correlation 0.97 has a
     correlation time of (1 + 0.97) / (1 - 0.97) = 66 steps); a variance from fewer is known to no better than
     +-35% even where the wander is seen at all (1 / sqrt(2 n_eff), n_eff = 4). A spell that lasts this long is
@@ -464,6 +465,12 @@ class SlowdownConfig:
     steps a shared host's slow stretch lasts, so one calm stretch does not make a normal wander look slow."""
     min_obs: int = 3
     """Slow observations in a row that open a slowdown."""
+
+    @property
+    def history_obs(self) -> int:
+        """A parent segment's step times a resumed segment's baseline starts from: its whole window (level and
+        wander alike), so that a resume need not learn the run's variability again (``segments.parent_history``)."""
+        return self.block * self.window_blocks
     min_steps: int = 16
     """A slowdown shorter than this many training steps is a hiccup (a GC pause), whatever its size."""
     min_small_steps: int = 16

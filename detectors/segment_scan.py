@@ -5,8 +5,9 @@ arrays as ``segments.columns`` makes them), appends the new rows to the
 observation series each detector reads (the registry's ``series``), and lets
 every scanner look at what is new. Offline analysis calls it once; the
 streaming analyzer calls it per flush. Same code, same findings. A resumed
-segment's loss series starts with its parent's healthy history, so its
-detectors judge its first observations against the parent's baseline.
+segment's loss and step-time series start with its parent's healthy history
+(``segments.parent_history``), so its detectors judge its first observations
+against the parent's baseline.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from runwatch.detectors.finding import Finding
 from runwatch.detectors.nan import nonfinite_masks
 from runwatch.detectors.registry import REGISTRY, scanner_class
 from runwatch.detectors.scanner import ScanContext
+from runwatch.detectors.segments import skipped_steps, step_times
 from runwatch.detectors.slowdown import join_spells, stall_spells
 from runwatch.detectors.stall import drop_slowdown_stalls, lone_stalls
 
@@ -65,17 +67,18 @@ class SegmentDetectors:
     """The registered scanners of one segment plus the observation series each one reads."""
 
     def __init__(self, segment: int, config: DetectorConfig, *, meta: dict | None = None,
-                 checkpoint_seconds: dict[int, float] | None = None, history: dict[str, np.ndarray] | None = None,
+                 checkpoint_seconds: dict[int, float] | None = None,
+                 history: dict[str, dict[str, np.ndarray]] | None = None,
                  resume_step: int | None = None) -> None:
         self.segment, self.pos, self.config = segment, 0, config
         self.set_pause_seconds(checkpoint_seconds or {})
         self.buf = {name: {col: Grow(np.int64 if col in _INT else (np.bool_ if col in _BOOL else np.float64))
                            for col in cols} for name, cols in SERIES.items()}
-        num_history = 0
-        if history is not None and len(history["step"]):
-            for col, grow in self.buf["loss"].items():
-                grow.extend(history[col])
-            num_history = len(history["step"])
+        num_history = {}  # observations of the parent's healthy history each series starts with
+        for series, past in (history or {}).items():
+            for col, grow in self.buf[series].items():
+                grow.extend(past[col])
+            num_history[series] = len(past["step"])
         self.prev_scale = np.nan
         self._threads = 1  # for the last advance and the findings after it (``PARALLEL_FROM``)
         self.logged_step_time = False  # once a row logs step_time, it is the source; else derive it from time
@@ -84,7 +87,7 @@ class SegmentDetectors:
             if spec.scope != "rank":
                 continue  # fleet detectors compare ranks (``fleet``), not one rank's rows
             ctx = ScanContext(segment=segment, config=config, meta=meta or {},
-                              history=num_history if spec.series == "loss" else 0, resume_step=resume_step)
+                              history=num_history.get(spec.series, 0), resume_step=resume_step)
             self.scanners[spec.kind] = (spec.series, scanner_class(spec.kind)(ctx))
 
     def set_pause_seconds(self, checkpoint_seconds: dict[int, float]) -> None:
@@ -108,19 +111,7 @@ class SegmentDetectors:
         new = {k: v[lo:n] for k, v in cols.items()}
         # A step the fp16 scaler skipped (found_inf, or the scale halved there) ran no optimizer
         # step: its inf gradient norm is not a NaN incident and its time is not a normal step time.
-        scale = new["loss_scale"]
-        known = np.concatenate([[self.prev_scale], scale])
-        logged = np.isfinite(scale)
-        if logged.all():  # every row logs it (fp16): nothing to fill
-            last_logged = known
-        elif not logged.any():  # none does (bf16, fp32): the scale before these rows throughout
-            last_logged = np.full(len(known), known[0])
-        else:
-            idx = np.maximum.accumulate(np.where(np.isfinite(known), np.arange(len(known)), 0))
-            last_logged = known[idx]  # the last logged scale up to each row (forward fill)
-        with np.errstate(invalid="ignore"):
-            skip = new["found_inf"] | (scale < last_logged[:-1])
-        self.prev_scale = float(last_logged[-1])
+        skip, self.prev_scale = skipped_steps(new["loss_scale"], new["found_inf"], self.prev_scale)
         bad = nonfinite_masks(new["loss"], new["grad_norm"], new["act_norm"], new["loss_present"],
                               new["grad_norm_present"], new["act_norm_present"], skip)
         new.update({"bad_" + name: mask for name, mask in bad.items()})
@@ -194,16 +185,13 @@ class SegmentDetectors:
             return
         steps, times = tb["step"].view, tb["time"].view
         first = len(steps) - count
+        # From the timed row before these (the segment's first timed row has no interval before it: left out).
         lo = max(first - 1, 0)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            per = np.diff(times[lo:]) / np.diff(steps[lo:])
-        # The segment's first timed row has no interval before it (NaN, never kept): left out, not prepended.
-        at, skipped = (steps[1:], skipped[1:]) if first == 0 else (steps[first:], skipped)
-        keep = np.isfinite(per) & (per > 0) & ~skipped
-        every = bool(keep.all())
+        skip = np.concatenate([[False], skipped]) if first else skipped
+        at, per = step_times(steps[lo:], times[lo:], times[lo:], False, skip)
         sb = self.buf["step_time"]
-        sb["step"].extend(at if every else at[keep], share=True)
-        sb["step_time"].extend(per if every else per[keep], share=True)
+        sb["step"].extend(at, share=True)
+        sb["step_time"].extend(per, share=True)
 
     def findings(self) -> list[Finding]:
         found = self._each(lambda series, scanner: scanner.findings(self.views(series)))

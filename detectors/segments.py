@@ -176,33 +176,80 @@ def main_line(rows: pa.Table, infos: list[SegmentInfo] | None = None) -> dict[st
 
 
 HISTORY_OBS = 256
-"""Observations of the parent's healthy history a resumed segment's detectors start from (16 blocks)."""
+"""Observations of the parent's healthy loss history a resumed segment's detectors start from (16 blocks)."""
 LOSS_SERIES = ("step", "loss", "grad_norm", "act_norm", "lr")
 
 
+def skipped_steps(scale: np.ndarray, found_inf: np.ndarray, prev_scale: float) -> tuple[np.ndarray, float]:
+    """Which rows the fp16 scaler skipped (found_inf, or the scale halved there: no optimizer step ran, so an inf
+    gradient norm there is no NaN incident and its time no normal step time), and the last logged scale."""
+    known = np.concatenate([[prev_scale], scale])
+    logged = np.isfinite(scale)
+    if logged.all():  # every row logs it (fp16): nothing to fill
+        last_logged = known
+    elif not logged.any():  # none does (bf16, fp32): the scale before these rows throughout
+        last_logged = np.full(len(known), known[0])
+    else:
+        idx = np.maximum.accumulate(np.where(np.isfinite(known), np.arange(len(known)), 0))
+        last_logged = known[idx]  # the last logged scale up to each row (forward fill)
+    with np.errstate(invalid="ignore"):
+        return found_inf | (scale < last_logged[:-1]), float(last_logged[-1])
+
+
+def step_times(steps: np.ndarray, time: np.ndarray, step_time: np.ndarray, logged: bool,
+               skip: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(step, step time) of rows whose time is known, as the slowdown detector reads them: the logged step time
+    where the log has one (``logged``), else the wall time since the previous timed row over the steps between;
+    steps the scaler skipped left out. For a whole stretch of rows (a parent's history)."""
+    if logged:
+        keep = np.isfinite(step_time) & (step_time > 0) & ~skip
+        return steps[keep], step_time[keep]
+    timed = np.isfinite(time)
+    at, t, sk = (steps, time, skip) if timed.all() else (steps[timed], time[timed], skip[timed])
+    with np.errstate(invalid="ignore", divide="ignore"):
+        per = np.diff(t) / np.diff(at)
+    keep = np.isfinite(per) & (per > 0) & ~sk[1:]
+    return (at[1:], per) if keep.all() else (at[1:][keep], per[keep])  # no masked copy of a long clean stretch
+
+
 def parent_history(segment: int, first_step: int, cols: dict[int, dict[str, np.ndarray]], resume_step: int | None,
-                   findings: list) -> tuple[dict[str, np.ndarray] | None, int | None]:
-    """The parent's healthy loss observations up to the resume step, for a resumed segment's detectors.
+                   findings: list, step_time_obs: int = 0) -> tuple[dict[str, dict[str, np.ndarray]], int | None]:
+    """The parent's healthy observations up to the resume step, by series, for a resumed segment's detectors.
 
     The parent is the latest earlier segment whose rows cover the step resumed
     from (the resume event's checkpoint step; without one, the step before the
-    segment's first). Observations inside any of the parent's findings are
+    segment's first). Its loss observations inside any of its loss findings are
     left out, so a parent that was mid-spike at the checkpoint gives the level
-    before the spike, against which a bad resume stands out. Returns (history
-    columns or None, the resume step).
+    before the spike, against which a bad resume stands out. Its step times
+    (the last ``step_time_obs``) outside its slowdowns and stalls are the run's
+    normal speed and variability, which a resumed segment would otherwise have
+    to learn again: the same job on the same kind of machines (a shared host's
+    wander, measured over the parent's hundreds of steps, is known from the first
+    step after the resume). Returns ({series: columns}, the resume step).
     """
     step = resume_step if resume_step is not None else first_step - 1
     parents = [k for k in cols if k < segment and len(cols[k]["step"])
                and int(cols[k]["step"][0]) <= step <= int(cols[k]["step"][-1]) + 1]
     if not parents:
-        return None, resume_step
+        return {}, resume_step
     k = max(parents)
-    c = cols[k]
+    c, out = cols[k], {}
     keep = c["loss_present"] & (c["step"] <= step)
     for f in findings:
         if f.segment == k and f.severity != "info" and f.kind not in PERFORMANCE_KINDS:
             keep &= ~((c["step"] >= f.onset_step) & (c["step"] <= f.end_step))
     idx = np.flatnonzero(keep)[-HISTORY_OBS:]
-    if not len(idx):
-        return None, resume_step
-    return {name: c[name][idx] for name in LOSS_SERIES}, step
+    if len(idx):
+        out["loss"] = {name: c[name][idx] for name in LOSS_SERIES}
+    upto = c["step"] <= step
+    if step_time_obs and upto.any():
+        skip, _ = skipped_steps(c["loss_scale"][upto], c["found_inf"][upto], np.nan)
+        at, per = step_times(c["step"][upto], c["time"][upto], c["step_time"][upto],
+                             bool(c["step_time_present"].any()), skip)
+        normal = np.ones(len(at), bool)
+        for f in findings:
+            if f.segment == k and f.kind in PERFORMANCE_KINDS:
+                normal &= ~((at >= f.onset_step) & (at <= f.end_step))
+        if normal.any():
+            out["step_time"] = {"step": at[normal][-step_time_obs:], "step_time": per[normal][-step_time_obs:]}
+    return out, step

@@ -58,7 +58,8 @@ class SlowdownScanner:
                                   rel_floor=0.0, abs_floor=0.005, follow_last=False, wander=True,
                                   wander_window=self.cfg.wander_blocks)
         self.log_t = Grow()
-        self.pos, self.s, self.zero, self.slow_run = 0, 0.0, -1, 0
+        # A resumed segment's series starts with its parent's step times (``ctx.history``): baseline, not scanned.
+        self.pos, self.s, self.zero, self.slow_run = ctx.history, 0.0, ctx.history - 1, 0
         self.episode: Episode | None = None
         self.closed: list[Episode] = []
 

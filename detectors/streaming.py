@@ -164,7 +164,8 @@ class StreamingAnalyzer:
                     for f in b.detectors.findings()]
         resume = resume_steps_of(self._events).get(buf.segment)
         history, resume_step = parent_history(buf.segment, int(buf.cols["step"].view[0]),
-                                              {**earlier, buf.segment: buf.views()}, resume, findings)
+                                              {**earlier, buf.segment: buf.views()}, resume, findings,
+                                              self.config.slowdown.history_obs)
         return SegmentDetectors(buf.segment, self.config, meta=self.meta,
                                 checkpoint_seconds=pause_seconds(checkpoint_seconds(self._checkpoints()), self._events),
                                 history=history, resume_step=resume_step)
