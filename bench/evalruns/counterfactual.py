@@ -331,9 +331,20 @@ def collapse_label(inj: Injection, lin: Lineage, i0: int, i1: int, rules: LabelR
     at a somewhat lower scale, and a rollback would restore nothing (fresh seed 846832's run 049: 262144 ->
     16384, doubling every 678 steps, 3 halvings under its twin for the last 1,100 steps, where the old rule of
     1.5 halvings called it unrecovered). It needs action when not back by the end (a scale at its floor, or
-    regrowing from 1 to 4 where its twin runs at 2^17)."""
+    regrowing from 1 to 4 where its twin runs at 2^17).
+
+    The depth is counted below the twin's scale no higher than at the onset (v11). Every overflow resets the
+    scaler's growth timer, so a faulty run regrows up to one growth interval after its twin does: a twin that
+    doubles after the fault puts the faulty run one halving further under it with no step skipped. A collapse is
+    skipped steps, each a halving (``clear_halvings``: 4 of them in a row); the twin's later growth is none (fresh
+    seed 878614's run 032: three overflows, 2^16 -> 2^13, the twin grown to 2^17 200 steps later, was a clear
+    collapse that needed a rollback, at a scale of 2^13 that trained on unharmed)."""
     with np.errstate(divide="ignore", invalid="ignore"):
-        h = np.log2(lin.twin["loss_scale"].astype(float)) - np.log2(lin.faulty["loss_scale"].astype(float))
+        twin = np.log2(lin.twin["loss_scale"].astype(float))
+        at_onset = twin[:i0 + 1][np.isfinite(twin[:i0 + 1])]
+        if len(at_onset):
+            twin = np.minimum(twin, at_onset[-1])  # NaN where the twin logged no scale, as before
+        h = twin - np.log2(lin.faulty["loss_scale"].astype(float))
     prior = h[max(0, i0 - rules.lift_run):i0]
     h = h - (float(np.median(prior[np.isfinite(prior)])) if np.isfinite(prior).any() else 0.0)
     peak = _peak(h[i0:i1])

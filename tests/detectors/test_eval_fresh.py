@@ -255,6 +255,29 @@ def test_a_collapse_is_over_once_back_under_the_depth_of_one(after, expect_end, 
     assert (lab.end, lab.needs_action) == (expect_end, expect_action)
 
 
+@pytest.mark.parametrize("halvings,twin_grows,expect", [
+    (3, True, "dont_care"),  # fresh seed 878614's run 032: 3 skips, the twin regrown past the onset's scale
+    (3, False, "dont_care"),
+    (4, True, "clear"),  # 4 skips are a collapse whatever the twin does after
+])
+def test_a_collapses_depth_is_its_own_halvings_not_the_twins_later_growth(halvings, twin_grows, expect) -> None:
+    """Every overflow resets the scaler's growth timer, so the faulty run regrows up to a growth interval after its
+    twin: a twin that doubles after the fault puts it one halving further under with no step skipped. Three
+    overflows (2^16 -> 2^13) and the twin grown to 2^17 at 300 read 4 halvings, a clear collapse needing action
+    on labels v10 (fresh seed 878614's run 032, which trained on at 2^13 unharmed); the depth is counted below the
+    twin's scale no higher than at the onset (v11): 3, between negligible and clear (``dont_care``)."""
+    n = 600
+    scale = np.full(n, 2.0**16)
+    for k in range(halvings):
+        scale[100 + k:] = 2.0 ** (15 - k)
+    lin = _scaler_lineage(scale)
+    if twin_grows:
+        lin.twin["loss_scale"][300:] = 2.0**17
+    lab = collapse_label(Injection("scaler_collapse", "consecutive", 0, 100, 100, 100 + halvings - 1), lin,
+                         100, n, LabelRules())
+    assert ("dont_care" if lab.dont_care else "clear") == expect and lab.size == halvings, lab
+
+
 def test_a_later_nan_ends_an_earlier_collapse_window() -> None:
     """Fresh seed 929825's run 112 in miniature: two overflows (2 halvings, no collapse), then a NaN weight after
     which every step overflows: the NaN's scale collapse is the NaN's, not a 16-halving collapse of the two."""
