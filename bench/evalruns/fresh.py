@@ -44,12 +44,12 @@ from .scenarios import LabelledRun
 from .truth import MainLine, backoff_bursts, lr_raised, right_checkpoint
 
 # v11: a collapse's depth is counted below the twin's scale no higher than at its onset (the twin's later growth is
-# no halving of the faulty run's); v10: a checkpoint in a spike that needs no action is clean once the run is out of its thick and no worse than
-# before it for good; v9: a spike needs action only if the run is worse now than before it; v8: a checkpoint at the
-# row before the first row showing an LR fault's raise is clean; v7: a collapse is over once back under the depth of
-# one (v6: within 1.5 halvings of the twin), a later loss fault ends its window, a natural slide spans from its first
-# halving; v6: sigma from 64 twin observations centred on the fault (v5: the 64 before it; v4: 200); natural events
-# from the first observations
+# no halving of the faulty run's); v10: a checkpoint in a spike that needs no action is clean once the run is out of
+# its thick and no worse than before it for good; v9: a spike needs action only if the run is worse now than before
+# it; v8: a checkpoint at the row before the first row showing an LR fault's raise is clean; v7: a collapse is over
+# once back under the depth of one (v6: within 1.5 halvings of the twin), a later loss fault ends its window, a
+# natural slide spans from its first halving; v6: sigma from 64 twin observations centred on the fault (v5: the 64
+# before it; v4: 200); natural events from the first observations
 VERSION = "fresh-v11"
 NUM_RUNS = 150
 
