@@ -458,19 +458,13 @@ class SlowdownConfig:
     block: int = 4
     """Observations per baseline block (step time is often logged sparsely: every 100 steps)."""
     window_blocks: int = 1024
-    """Blocks of the baseline level (1024 observations): a host's normal step time is its long-run level,
+    """Blocks of the baseline level (4,096 observations): a host's normal step time is its long-run level,
     not the last few dozen steps (which on a shared host may be a fast or a slow stretch)."""
     wander_blocks: int = 1024
-    """Blocks over which the run's normal wander is measured (1024 observations): many times the tens of
+    """Blocks over which the run's normal wander is measured (4,096 observations): many times the tens of
     steps a shared host's slow stretch lasts, so one calm stretch does not make a normal wander look slow."""
     min_obs: int = 3
     """Slow observations in a row that open a slowdown."""
-
-    @property
-    def history_obs(self) -> int:
-        """A parent segment's step times a resumed segment's baseline starts from: its whole window (level and
-        wander alike), so that a resume need not learn the run's variability again (``segments.parent_history``)."""
-        return self.block * self.window_blocks
     min_steps: int = 16
     """A slowdown shorter than this many training steps is a hiccup (a GC pause), whatever its size."""
     min_small_steps: int = 16
@@ -478,6 +472,12 @@ class SlowdownConfig:
     steps at a time). Steps, not logged rows: a row of a log every 25 steps is the mean of 25 steps' time, its
     jitter already averaged (fresh seed 390085's run 080: 22% slower for 5 rows of 25 steps, 14 sigmas, was
     dropped as 'a few observations')."""
+
+    @property
+    def history_obs(self) -> int:
+        """A parent segment's step times a resumed segment's baseline starts from: its whole window (level and
+        wander alike), so that a resume need not learn the run's variability again (``segments.parent_history``)."""
+        return self.block * self.window_blocks
 
 
 @dataclass(kw_only=True, frozen=True)
