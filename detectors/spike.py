@@ -670,13 +670,14 @@ def nested_findings(sc: SpikeScanner, ep: Episode, outer: Finding, obs: Observat
         end = min(i + w, len(loss))
         peak = i + int(np.nanargmax(np.where(np.isfinite(loss[i:end]), loss[i:end], -np.inf)))
         with np.errstate(invalid="ignore", divide="ignore"):
-            lr_ratio = float(lr[i] / np.nanmedian(lr[i - w:i])) if np.isfinite(lr[i - w:i]).any() else math.nan
+            ratio = float(lr[i] / np.nanmedian(lr[i - w:i])) if np.isfinite(lr[i - w:i]).any() else math.nan
+        lr_ratio = ratio if math.isfinite(ratio) else None  # unknown, as the LR story says it (a NaN: no finding equals)
         evidence = {"rule": "nested", "outer_onset_step": outer.onset_step, "outer_kind": outer.kind,
                     "loss_before": float(np.nanmax(before)), "peak_loss": float(loss[peak]),
                     "threshold_sigmas": ep.frozen["thr_loss"], "lr_ratio": lr_ratio,
                     "detected_step": int(steps[i]), "trigger_step": int(steps[i])}
         cause = (f" after the LR rose x{fmt_value(lr_ratio)}"
-                 if math.isfinite(lr_ratio) and lr_ratio >= sc.ctx.config.lr.raise_factor else "")
+                 if lr_ratio is not None and lr_ratio >= sc.ctx.config.lr.raise_factor else "")
         out.append(Finding(
             kind="spike", onset_step=int(steps[i]), end_step=outer.end_step, peak_step=int(steps[peak]),
             segment=outer.segment, severity="warning", self_recovered=True, needs_action=False,

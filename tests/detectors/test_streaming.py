@@ -89,6 +89,7 @@ def test_constant_series_has_no_finding(value: float, n: int) -> None:
 @given(seed=st.integers(0, 2**32 - 1), n=st.integers(min_value=1, max_value=300),
        nan_rate=st.floats(0, 0.3), scale=st.floats(1e-6, 1e6))
 @example(seed=272, n=272, nan_rate=0.25, scale=1.0)  # an LR raise after an unlogged row: lr_before was NaN (b483449)
+@example(seed=167, n=167, nan_rate=0.03125, scale=1.0)  # a nested spike's LR ratio of NaN LRs, NaN != NaN (fdfafb4)
 def test_random_noise_never_crashes_and_stream_agrees(seed: int, n: int, nan_rate: float, scale: float) -> None:
     rng = np.random.default_rng(seed)
     cols = {name: rng.standard_cauchy(n) * scale for name in ("loss", "grad_norm", "act_norm", "loss_scale", "lr")}
