@@ -671,7 +671,7 @@ def nested_findings(sc: SpikeScanner, ep: Episode, outer: Finding, obs: Observat
         peak = i + int(np.nanargmax(np.where(np.isfinite(loss[i:end]), loss[i:end], -np.inf)))
         with np.errstate(invalid="ignore", divide="ignore"):
             ratio = float(lr[i] / np.nanmedian(lr[i - w:i])) if np.isfinite(lr[i - w:i]).any() else math.nan
-        lr_ratio = ratio if math.isfinite(ratio) else None  # unknown, as the LR story says it (a NaN: no finding equals)
+        lr_ratio = ratio if math.isfinite(ratio) else None  # unknown, as the LR story says (a NaN equals nothing)
         evidence = {"rule": "nested", "outer_onset_step": outer.onset_step, "outer_kind": outer.kind,
                     "loss_before": float(np.nanmax(before)), "peak_loss": float(loss[peak]),
                     "threshold_sigmas": ep.frozen["thr_loss"], "lr_ratio": lr_ratio,
