@@ -188,7 +188,7 @@ class SegmentDetectors:
         # From the timed row before these (the segment's first timed row has no interval before it: left out).
         lo = max(first - 1, 0)
         skip = np.concatenate([[False], skipped]) if first else skipped
-        at, per = step_times(steps[lo:], times[lo:], times[lo:], False, skip)
+        at, per = step_times(steps[lo:], times[lo:], skip)
         sb = self.buf["step_time"]
         sb["step"].extend(at, share=True)
         sb["step_time"].extend(per, share=True)

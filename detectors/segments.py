@@ -196,14 +196,14 @@ def skipped_steps(scale: np.ndarray, found_inf: np.ndarray, prev_scale: float) -
         return found_inf | (scale < last_logged[:-1]), float(last_logged[-1])
 
 
-def step_times(steps: np.ndarray, time: np.ndarray, step_time: np.ndarray, logged: bool,
-               skip: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(step, step time) of rows whose time is known, as the slowdown detector reads them: the logged step time
-    where the log has one (``logged``), else the wall time since the previous timed row over the steps between;
-    steps the scaler skipped left out. For a whole stretch of rows (a parent's history)."""
-    if logged:
-        keep = np.isfinite(step_time) & (step_time > 0) & ~skip
-        return steps[keep], step_time[keep]
+def step_times(steps: np.ndarray, time: np.ndarray, skip: np.ndarray,
+               logged: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(step, step time) of rows whose time is known, as the slowdown detector reads them: the step time the log
+    has (``logged``, where it has one), else the wall time since the previous timed row over the steps between;
+    steps the scaler skipped left out."""
+    if logged is not None:
+        keep = np.isfinite(logged) & (logged > 0) & ~skip
+        return steps[keep], logged[keep]
     timed = np.isfinite(time)
     at, t, sk = (steps, time, skip) if timed.all() else (steps[timed], time[timed], skip[timed])
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -234,22 +234,25 @@ def parent_history(segment: int, first_step: int, cols: dict[int, dict[str, np.n
         return {}, resume_step
     k = max(parents)
     c, out = cols[k], {}
-    keep = c["loss_present"] & (c["step"] <= step)
-    for f in findings:
-        if f.segment == k and f.severity != "info" and f.kind not in PERFORMANCE_KINDS:
-            keep &= ~((c["step"] >= f.onset_step) & (c["step"] <= f.end_step))
+    own, upto = [f for f in findings if f.segment == k], c["step"] <= step
+    keep = c["loss_present"] & upto & _outside(c["step"], [
+        f for f in own if f.severity != "info" and f.kind not in PERFORMANCE_KINDS])
     idx = np.flatnonzero(keep)[-HISTORY_OBS:]
     if len(idx):
         out["loss"] = {name: c[name][idx] for name in LOSS_SERIES}
-    upto = c["step"] <= step
     if step_time_obs and upto.any():
         skip, _ = skipped_steps(c["loss_scale"][upto], c["found_inf"][upto], np.nan)
-        at, per = step_times(c["step"][upto], c["time"][upto], c["step_time"][upto],
-                             bool(c["step_time_present"].any()), skip)
-        normal = np.ones(len(at), bool)
-        for f in findings:
-            if f.segment == k and f.kind in PERFORMANCE_KINDS:
-                normal &= ~((at >= f.onset_step) & (at <= f.end_step))
+        logged = c["step_time"][upto] if c["step_time_present"].any() else None
+        at, per = step_times(c["step"][upto], c["time"][upto], skip, logged)
+        normal = _outside(at, [f for f in own if f.kind in PERFORMANCE_KINDS])
         if normal.any():
             out["step_time"] = {"step": at[normal][-step_time_obs:], "step_time": per[normal][-step_time_obs:]}
     return out, step
+
+
+def _outside(steps: np.ndarray, findings: list) -> np.ndarray:
+    """Which of ``steps`` lie outside every finding's [onset, end]."""
+    out = np.ones(len(steps), bool)
+    for f in findings:
+        out &= (steps < f.onset_step) | (steps > f.end_step)
+    return out
