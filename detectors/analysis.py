@@ -287,10 +287,10 @@ def analyze(rows: pa.Table, events: pa.Table | None = None, now: float | None = 
     cols, infos, main = read_rows(rows, resumes)  # the segments' columns, their ranges and the main line
     raw: list[Finding] = []
     for segment in sorted(cols):
-        history, resume_step = parent_history(segment, int(cols[segment]["step"][0]), cols, resumes.get(segment), raw,
-                                              cfg.slowdown.history_obs)
+        history, resume_step, trained_lr = parent_history(segment, int(cols[segment]["step"][0]), cols, resumes, raw,
+                                                          cfg.lr, cfg.slowdown.history_obs)
         scan = SegmentDetectors(segment, cfg, meta=meta, checkpoint_seconds=seconds, history=history,
-                                resume_step=resume_step)
+                                resume_step=resume_step, trained_lr=trained_lr)
         scan.advance(cols[segment])
         raw.extend(scan.findings())
     return assemble(raw, infos, main, checkpoints, now, present_paths, cfg)

@@ -182,17 +182,18 @@ def held_rows(steps: np.ndarray, lrc: LRConfig) -> int:
     return max(2, int(np.ceil(lrc.held_steps / max(spacing, 1.0))))
 
 
-def trained_level(steps: np.ndarray, lr: np.ndarray, lrc: LRConfig) -> float:
+def trained_level(steps: np.ndarray, lr: np.ndarray, lrc: LRConfig, trained_lr: float = -np.inf) -> float:
     """The highest LR the run trained at over these rows: the highest level held for ``lrc.held_steps`` updates
-    (each run of that many rows, at least two, counts at its lowest); -inf without a finite LR. Callers pass every
-    row before the point judged, a resumed segment's parent history included: the run trained at its main line's
-    levels before the resume (a warm restart back to a peak held before the resume is the schedule; test 74)."""
+    (each run of that many rows, at least two, counts at its lowest), and ``trained_lr``; -inf without either.
+    Callers pass every row before the point judged, and a resumed segment's ``ScanContext.trained_lr``: the run
+    trained at its main line's levels before the resume, however far before the history the segment was seeded
+    with (a warm restart back to a peak held before the resume is the schedule; tests 74 and 112)."""
     ok = np.isfinite(lr)
     v, at = (lr, steps) if ok.all() else (lr[ok], steps[ok])
     if not len(v):
-        return -np.inf
+        return float(trained_lr)
     rows = min(len(v), held_rows(at, lrc))
-    return float(run_minima(v, rows).max())
+    return max(float(run_minima(v, rows).max()), float(trained_lr))
 
 
 def run_minima(v: np.ndarray, rows: int) -> np.ndarray:
@@ -248,7 +249,7 @@ def lr_step_before(lr: np.ndarray, onset: int, history: int, lrc: LRConfig) -> i
 
 
 def restart_before(steps: np.ndarray, lr: np.ndarray, onset: int, until: int, lrc: LRConfig,
-                   history: int = 0) -> int | None:
+                   history: int = 0, trained_lr: float = -np.inf) -> int | None:
     """The row of the schedule's warm restart an excursion follows, or None.
 
     The LR's last step up before the onset (``lr_step_before``) when it took the LR
@@ -260,7 +261,7 @@ def restart_before(steps: np.ndarray, lr: np.ndarray, onset: int, until: int, lr
     r = lr_step_before(lr, onset, history, lrc)
     if r is None:
         return None
-    top = trained_level(steps[:r], lr[:r], lrc)
+    top = trained_level(steps[:r], lr[:r], lrc, trained_lr)
     if not warm_restart(lr, r - 1, r, top, lrc):
         return None
     held = lr[r:max(until, onset) + 1]
@@ -305,7 +306,7 @@ def ramp_low(at: np.ndarray, v: np.ndarray, k: int, lrc: LRConfig) -> tuple[int,
 
 
 def lr_rise_start(steps: np.ndarray, lr: np.ndarray, onset: int, lrc: LRConfig, until: int | None = None,
-                  since: int | None = None) -> int | None:
+                  since: int | None = None, trained_lr: float = -np.inf) -> int | None:
     """Index of the first row of a learning-rate rise (to >= ``raise_factor`` x its lowest point in the last
     ``LR_LOOKBACK`` rows, looking twice as far back while that point is the window's first row: a slow ramp started
     before it) that runs into the onset: the first update under the raised LR, the cause, where the LR left its
@@ -349,7 +350,7 @@ def lr_rise_start(steps: np.ndarray, lr: np.ndarray, onset: int, lrc: LRConfig, 
             ramp = off_path_rise(steps[idx], lr[idx], at, len(idx) - 1, lrc)
             return None if ramp is None else int(idx[ramp])
         first = int(idx[k + 1])
-        if warm_restart(lr, low, first, trained_level(steps[:low + 1], lr[:low + 1], lrc), lrc):
+        if warm_restart(lr, low, first, trained_level(steps[:low + 1], lr[:low + 1], lrc, trained_lr), lrc):
             lo = first  # a warm restart: look for a rise after it
             continue
         began = int(idx[rise_began(steps[idx], lr[idx], k, 0, lrc)])  # where the LR left its schedule's path
@@ -513,7 +514,7 @@ def first_consequence(steps: np.ndarray, row: int) -> int:
 
 
 def lr_jump_inside(steps: np.ndarray, lr: np.ndarray, onset: int, until: int, lrc: LRConfig,
-                   history: int = 0, level: float | None = None) -> int | None:
+                   history: int = 0, level: float | None = None, trained_lr: float = -np.inf) -> int | None:
     """The row of an LR jump inside an excursion: the first row in (onset, until] at >= ``raise_factor`` x the LR before
     the onset (or ``level``), with the LR still at that level from the onset to it and after the opening warm-up;
     else None.
@@ -535,14 +536,15 @@ def lr_jump_inside(steps: np.ndarray, lr: np.ndarray, onset: int, until: int, lr
     flat = lr[onset:jump]  # a ramp's first rows are already its cause: only a jump from the level moves the onset
     if not np.all(np.isfinite(flat) & (flat <= lrc.flat * level)) or in_warmup(steps, lr, int(steps[jump]), lrc):
         return None
-    if warm_restart(lr, jump - 1, jump, trained_level(steps[:jump], lr[:jump], lrc), lrc):
-        later = lr_jump_inside(steps, lr, jump, until, lrc, history, level=float(lr[jump]))
+    if warm_restart(lr, jump - 1, jump, trained_level(steps[:jump], lr[:jump], lrc, trained_lr), lrc):
+        later = lr_jump_inside(steps, lr, jump, until, lrc, history, level=float(lr[jump]), trained_lr=trained_lr)
         return jump if later is None else later
     return jump
 
 
 def cause_start(steps: np.ndarray, obs: Observations, onset: int, history: int, cfg: DivergenceConfig,
-                lrc: LRConfig, advice: AdviceConfig, until: int | None = None) -> tuple[int, dict]:
+                lrc: LRConfig, advice: AdviceConfig, until: int | None = None,
+                trained_lr: float = -np.inf) -> tuple[int, dict]:
     """Move an onset (an index) back to where the trend broke: the gradient or activation norm began growing
     into it (after the opening warm-up), or the learning rate began rising into it, by the excursion's peak
     ``until`` (DETECTION.md section 5: the change point, not the step where the loss crossed a line). Never
@@ -550,12 +552,13 @@ def cause_start(steps: np.ndarray, obs: Observations, onset: int, history: int, 
     at = int(steps[onset])
     act = growth_start(steps, obs["act_norm"], at, cfg.act_growth, cfg.growth_z) if "act_norm" in obs else None
     grad = growth_start(steps, obs["grad_norm"], at, cfg.grad_growth, cfg.growth_z) if "grad_norm" in obs else None
-    rise = lr_rise_start(steps, obs["lr"], onset, lrc, until) if "lr" in obs else None
+    rise = lr_rise_start(steps, obs["lr"], onset, lrc, until, trained_lr=trained_lr) if "lr" in obs else None
     lr_step = int(steps[rise]) if rise is not None else None
     floor = int(steps[history]) if history < len(steps) else at
     if "lr" in obs:  # norms growing in the warm-up or after a warm restart are the model answering the schedule,
         # and a climb dated before an LR burst inside it began with the burst unless it had risen before it
-        act, grad = (None if s is None or answers_the_schedule(steps, obs["lr"], s, lrc) else s for s in (act, grad))
+        act, grad = (None if s is None or answers_the_schedule(steps, obs["lr"], s, lrc, trained_lr) else s
+                     for s in (act, grad))
         act, grad = (_after_burst(steps, obs.get(key), s, at, obs["lr"], lrc, history, cfg.growth_z)
                      for key, s in (("act_norm", act), ("grad_norm", grad)))
     answer = int(steps[first_consequence(steps, rise)]) if rise is not None else None
@@ -691,7 +694,8 @@ def in_warmup(steps: np.ndarray, lr: np.ndarray, step: int, lrc: LRConfig) -> bo
     return end is not None and step <= end
 
 
-def answers_the_schedule(steps: np.ndarray, lr: np.ndarray, step: int, lrc: LRConfig) -> bool:
+def answers_the_schedule(steps: np.ndarray, lr: np.ndarray, step: int, lrc: LRConfig,
+                         trained_lr: float = -np.inf) -> bool:
     """A norm's climb from ``step`` is the model answering an LR the schedule raised, not a broken trend: it began
     inside the opening warm-up, or within ``lrc.lag_rows`` of one of the schedule's warm restarts
     (``restart_before``), either side, since the start of a climb on a noisy norm is an estimate good to
@@ -701,7 +705,7 @@ def answers_the_schedule(steps: np.ndarray, lr: np.ndarray, step: int, lrc: LRCo
         return True
     at = int(np.searchsorted(steps, step))
     ahead = min(at + lrc.lag_rows, len(steps) - 1)  # restart_before looks back lag_rows from where it is asked
-    return any(restart_before(steps, lr, o, o, lrc) is not None for o in (at, ahead))
+    return any(restart_before(steps, lr, o, o, lrc, trained_lr=trained_lr) is not None for o in (at, ahead))
 
 
 class DivergenceScanner:
@@ -812,28 +816,31 @@ class DivergenceScanner:
         items = list(self.closed) + ([(self.episode, len(loss) - 1, False)] if self.episode else [])
         out = [self._classify(ep, end, rec, obs) for ep, end, rec in items]
         if self.episode is not None:  # a second cause inside the divergence still open
-            inside = lr_raise_inside(obs, out[-1], self.episode["confirm"], self.ctx.history, self.ctx.config)
+            inside = lr_raise_inside(obs, out[-1], self.episode["confirm"], self.ctx.history, self.ctx.config,
+                                     self.ctx.trained_lr)
             out += [] if inside is None else [inside]
         else:
             early = self._precursor(obs)
             if early is not None:
                 out.append(early)
             else:
-                shift = lr_level_shift(obs, self.ctx.history, self.cfg, self.ctx.config.lr, self.ctx.segment)
+                shift = lr_level_shift(obs, self.ctx.history, self.cfg, self.ctx.config.lr, self.ctx.segment,
+                                       self.ctx.trained_lr)
                 if shift is not None:
                     out.append(shift)
         return own_findings(out, obs["step"], self.ctx.history)
 
     def _classify(self, ep: dict, end: int, recovered: bool, obs: Observations) -> Finding:
         steps, loss, grad, act, lr = obs["step"], obs["loss"], obs["grad_norm"], obs["act_norm"], obs["lr"]
-        jump = lr_jump_inside(steps, lr, ep["onset"], ep["confirm"], self.ctx.config.lr, self.ctx.history)
+        jump = lr_jump_inside(steps, lr, ep["onset"], ep["confirm"], self.ctx.config.lr, self.ctx.history,
+                              trained_lr=self.ctx.trained_lr)
         start = first_consequence(steps, jump) if jump is not None else ep["onset"]
         # A slow LR raise the climb was confirmed after: the hinge's knot before it lies in noise (fresh seed 103205's
         # run 064, an LR growing x1.1 a step from 942, the knot at 924). Read up to the episode's end: a slow ramp
         # reaches ``raise_factor`` only as the loss climbs.
         start = self._not_before_its_cause(steps, lr, loss, start, ep["confirm"], end)
         onset, growth = cause_start(steps, obs, start, self.ctx.history, self.cfg, self.ctx.config.lr,
-                                    self.ctx.config.advice, until=ep["confirm"])
+                                    self.ctx.config.advice, until=ep["confirm"], trained_lr=self.ctx.trained_lr)
         best, best_b, sigma = ep["best"]
         before = slice(best_b * self.block, (best_b + 1) * self.block)
         during = slice(onset, end + 1)
@@ -848,7 +855,8 @@ class DivergenceScanner:
                     "confirmed_step": int(steps[min(ep["confirm"], len(steps) - 1)]),
                     "loss_climb_step": int(steps[ep["onset"]]), **growth}
         # A climb on the schedule's warm restart that came back down is the schedule (its clean twin does it too).
-        restart = restart_before(steps, lr, onset, end, self.ctx.config.lr, self.ctx.history) if recovered else None
+        restart = restart_before(steps, lr, onset, end, self.ctx.config.lr, self.ctx.history,
+                                 self.ctx.trained_lr) if recovered else None
         evidence["lr_restart_step"] = None if restart is None else int(steps[restart])
         evidence["recovery_steps"] = recovery_steps(steps, onset, end + 1) if recovered else None
         extra = [f"grad norm x{grad_ratio:.2g}" for _ in [0] if grad_ratio is not None]
@@ -868,7 +876,7 @@ class DivergenceScanner:
                               upto: int, log: bool = False) -> int:
         """``onset``, or the first consequence of an LR raise off the schedule the alarm at ``by`` came after
         (``raise_after``) when ``values`` (a norm: ``log``) carry no lift of their own before it."""
-        first = raise_after(steps, lr, onset, by, upto, self.ctx.config.lr)
+        first = raise_after(steps, lr, onset, by, upto, self.ctx.config.lr, self.ctx.trained_lr)
         if first is None or lifted_before(safe_log(values) if log else values, onset, first, self.cfg.growth_z):
             return onset
         return first
@@ -879,7 +887,7 @@ class DivergenceScanner:
         if len(steps) == 0:
             return None
         climb = growth_start(steps, act, int(steps[-1]) + 1, self.cfg.act_growth, self.cfg.growth_z)
-        if climb is None or answers_the_schedule(steps, obs["lr"], climb, self.ctx.config.lr):
+        if climb is None or answers_the_schedule(steps, obs["lr"], climb, self.ctx.config.lr, self.ctx.trained_lr):
             return None  # a climb that began in the warm-up or at a warm restart answers the schedule's LR
         i = int(np.searchsorted(steps, climb))
         before = slice(max(0, i - self.block), i + 1)
@@ -899,7 +907,8 @@ class DivergenceScanner:
         # An LR rising into the climb is where it began. A slow ramp reaches ``raise_factor`` only as the norms climb
         # (seed 372696's run 071: x1.02 at the climb's start, x3.6 by the last row), so the rise is measured up to
         # the last row, the worst of the effect so far, as a spike's is up to its peak.
-        rise = lr_rise_start(steps, obs["lr"], i, self.ctx.config.lr, until=len(steps) - 1)
+        rise = lr_rise_start(steps, obs["lr"], i, self.ctx.config.lr, until=len(steps) - 1,
+                             trained_lr=self.ctx.trained_lr)
         if rise is not None:
             at = first_consequence(steps, rise)
             if at > i and lifted_before(safe_log(act), i, at, self.cfg.growth_z):
@@ -926,7 +935,8 @@ SHIFT_BLOCK = 8
 """Observations per block when the spread of the loss level is measured for the LR change-point test."""
 
 
-def lr_raised_since(steps: np.ndarray, lr: np.ndarray, lrc: LRConfig, history: int = 0) -> int | None:
+def lr_raised_since(steps: np.ndarray, lr: np.ndarray, lrc: LRConfig, history: int = 0,
+                    trained_lr: float = -np.inf) -> int | None:
     """The first row of the LR's current raise, or None: the last row at which the LR stood ``raise_factor`` x or more
     below its value now, walked back to the low its rise started from and on to where it left the schedule's path
     (``rise_began``: a ramp's first row, not the row where it crossed the factor). Not inside the opening warm-up,
@@ -944,7 +954,7 @@ def lr_raised_since(steps: np.ndarray, lr: np.ndarray, lrc: LRConfig, history: i
     first = rise_began(steps[idx], v, k, max(int(np.searchsorted(idx, history)), k - LR_LOOKBACK), lrc)
     if idx[first] <= history or in_warmup(steps, lr, int(steps[idx[first]]), lrc):
         return None
-    if warm_restart(v, first - 1, first, trained_level(steps[idx[:first]], v[:first], lrc), lrc):
+    if warm_restart(v, first - 1, first, trained_level(steps[idx[:first]], v[:first], lrc, trained_lr), lrc):
         return None
     return int(idx[first])
 
@@ -986,13 +996,13 @@ def _known_change_point(loss: np.ndarray, rise: int, history: int, cfg: Divergen
 
 
 def lr_level_shift(obs: Observations, history: int, cfg: DivergenceConfig, lrc: LRConfig,
-                   segment: int) -> Finding | None:
+                   segment: int, trained_lr: float = -np.inf) -> Finding | None:
     """A divergence at a known change point (``_known_change_point``): the LR was raised off the schedule and
     stayed up, and the loss level since (over the rows of ``lr_shift_windows``: the last 64 at most, and shorter
     windows only while the LR still grows) is above the level before by ``lr_shift_z`` standard errors (and 5% of
     it) at the last step."""
     steps, loss, lr = obs["step"], obs["loss"], obs["lr"]
-    rise = lr_raised_since(steps, lr, lrc, history)
+    rise = lr_raised_since(steps, lr, lrc, history, trained_lr)
     if rise is None or len(loss) - rise < cfg.lr_shift_obs:
         return None
     lift = _known_change_point(loss, rise, history, cfg)
@@ -1034,7 +1044,8 @@ def lr_level_shift(obs: Observations, history: int, cfg: DivergenceConfig, lrc: 
                              " step")
 
 
-def raise_after(steps: np.ndarray, lr: np.ndarray, onset: int, by: int, upto: int, lrc: LRConfig) -> int | None:
+def raise_after(steps: np.ndarray, lr: np.ndarray, onset: int, by: int, upto: int, lrc: LRConfig,
+                trained_lr: float = -np.inf) -> int | None:
     """The first consequence of an LR rise off the schedule (``lr_rise_start``: a jump, a ramp, a ramp riding a
     decaying schedule) running into row ``by`` (the alarm) and measured up to row ``upto``, when it lies after
     ``onset`` and by ``by``; else None. The alarm came only after the rise, so where the statistics date the change
@@ -1045,7 +1056,7 @@ def raise_after(steps: np.ndarray, lr: np.ndarray, onset: int, by: int, upto: in
     if not onset < by <= upto < len(lr):
         return None
     steps, lr = steps[:upto + 1], lr[:upto + 1]
-    rise = lr_rise_start(steps, lr, by, lrc, until=upto, since=onset)
+    rise = lr_rise_start(steps, lr, by, lrc, until=upto, since=onset, trained_lr=trained_lr)
     if rise is None or rise >= by:  # a rise on the alarm's own row has no consequence before it
         return None
     first = first_consequence(steps, rise)
@@ -1059,7 +1070,8 @@ def lifted_before(values: np.ndarray, onset: int, first: int, growth_z: float) -
     return bool(median_shift_se(before, values[onset:first]) >= growth_z)
 
 
-def lr_raise_inside(obs: Observations, excursion: Finding, confirmed: int, history: int, config: object) -> Finding | None:
+def lr_raise_inside(obs: Observations, excursion: Finding, confirmed: int, history: int, config: object,
+                    trained_lr: float = -np.inf) -> Finding | None:
     """A second cause inside an unrecovered loss excursion: the LR raised off the schedule (``lr_raised_since``) after
     the excursion was confirmed (row ``confirmed``), and still up at the last row.
 
@@ -1072,7 +1084,7 @@ def lr_raise_inside(obs: Observations, excursion: Finding, confirmed: int, histo
     reported as nothing). A raise before the excursion was confirmed is part of it (its cause, or a slow rise
     the excursion's trigger came after: 253768's run 062)."""
     steps, lr = obs["step"], obs["lr"]
-    rise = lr_raised_since(steps, lr, config.lr, history)
+    rise = lr_raised_since(steps, lr, config.lr, history, trained_lr)
     if rise is None or rise <= confirmed or len(lr) - rise < config.divergence.lr_shift_obs \
             or excursion.self_recovered is not False:
         return None
@@ -1115,7 +1127,8 @@ def lr_bursts(steps: np.ndarray, lr: np.ndarray, lrc: LRConfig, history: int = 0
     return out
 
 
-def lr_burst_shifts(obs: Observations, history: int, config: object, segment: int) -> list[Finding]:
+def lr_burst_shifts(obs: Observations, history: int, config: object, segment: int,
+                    trained_lr: float = -np.inf) -> list[Finding]:
     """Spikes at known change points: an LR burst (``lr_bursts``) after which the loss level stood
     ``lr_shift_z`` standard errors (and the spike's ``min_rise`` of it) above the level before, over one of the
     windows of ``lr_burst_windows`` from the burst's first consequence (``_known_change_point``).
@@ -1148,7 +1161,7 @@ def lr_burst_shifts(obs: Observations, history: int, config: object, segment: in
         (z, up, level), hi = max(tests, key=lambda t: t[0][0])
         if z < cfg.lr_shift_z or not level > 0 or up < min_rise * level:
             continue
-        if warm_restart(lr, a - 1, a, trained_level(steps[:a], lr[:a], lrc), lrc):
+        if warm_restart(lr, a - 1, a, trained_level(steps[:a], lr[:a], lrc, trained_lr), lrc):
             continue  # the schedule's restart: the loss answering it is the schedule's (``restart_before``)
         lasting, end = hi == n, hi - 1  # lifted up to the data's end: not seen to come back (yet)
         span = np.where(np.isfinite(loss[c:hi]), loss[c:hi], -np.inf)

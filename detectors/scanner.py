@@ -11,6 +11,7 @@ that is what makes the streaming analyzer equal to the offline one.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -36,6 +37,9 @@ class ScanContext:
     starts from its parent's baseline at the resume step); no finding may begin inside them."""
     resume_step: int | None = None
     """The checkpoint step this segment resumed from, when a resume event says so."""
+    trained_lr: float = -math.inf
+    """The highest LR the run trained at on its main line up to the resume (``segments.parent_history``): a warm
+    restart back to a peak the run held long before the history it was seeded with is still the schedule's."""
 
 
 class Scanner(Protocol):

@@ -69,7 +69,7 @@ class SegmentDetectors:
     def __init__(self, segment: int, config: DetectorConfig, *, meta: dict | None = None,
                  checkpoint_seconds: dict[int, float] | None = None,
                  history: dict[str, dict[str, np.ndarray]] | None = None,
-                 resume_step: int | None = None) -> None:
+                 resume_step: int | None = None, trained_lr: float = -np.inf) -> None:
         self.segment, self.pos, self.config = segment, 0, config
         self.set_pause_seconds(checkpoint_seconds or {})
         self.buf = {name: {col: Grow(np.int64 if col in _INT else (np.bool_ if col in _BOOL else np.float64))
@@ -87,7 +87,7 @@ class SegmentDetectors:
             if spec.scope != "rank":
                 continue  # fleet detectors compare ranks (``fleet``), not one rank's rows
             ctx = ScanContext(segment=segment, config=config, meta=meta or {},
-                              history=num_history.get(spec.series, 0), resume_step=resume_step)
+                              history=num_history.get(spec.series, 0), resume_step=resume_step, trained_lr=trained_lr)
             self.scanners[spec.kind] = (spec.series, scanner_class(spec.kind)(ctx))
 
     def set_pause_seconds(self, checkpoint_seconds: dict[int, float]) -> None:

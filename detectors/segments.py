@@ -12,6 +12,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from runwatch.data.record import segment_cuts
+from runwatch.detectors.config import LRConfig
+from runwatch.detectors.divergence import trained_level
 from runwatch.detectors.finding import SegmentInfo
 from runwatch.detectors.registry import PERFORMANCE_KINDS
 
@@ -212,8 +214,9 @@ def step_times(steps: np.ndarray, time: np.ndarray, skip: np.ndarray,
     return (at[1:], per) if keep.all() else (at[1:][keep], per[keep])  # no masked copy of a long clean stretch
 
 
-def parent_history(segment: int, first_step: int, cols: dict[int, dict[str, np.ndarray]], resume_step: int | None,
-                   findings: list, step_time_obs: int = 0) -> tuple[dict[str, dict[str, np.ndarray]], int | None]:
+def parent_history(segment: int, first_step: int, cols: dict[int, dict[str, np.ndarray]], resumes: dict[int, int],
+                   findings: list, lrc: LRConfig, step_time_obs: int = 0
+                   ) -> tuple[dict[str, dict[str, np.ndarray]], int | None, float]:
     """The parent's healthy observations up to the resume step, by series, for a resumed segment's detectors.
 
     The parent is the latest earlier segment whose rows cover the step resumed
@@ -225,14 +228,15 @@ def parent_history(segment: int, first_step: int, cols: dict[int, dict[str, np.n
     normal speed and variability, which a resumed segment would otherwise have
     to learn again: the same job on the same kind of machines (a shared host's
     wander, measured over the parent's hundreds of steps, is known from the first
-    step after the resume). Returns ({series: columns}, the resume step).
+    step after the resume). With them, the highest LR the run trained at on its
+    main line up to the resume (``main_line_trained_lr``). Returns ({series:
+    columns}, the resume step, that LR).
     """
+    resume_step = resumes.get(segment)
     step = resume_step if resume_step is not None else first_step - 1
-    parents = [k for k in cols if k < segment and len(cols[k]["step"])
-               and int(cols[k]["step"][0]) <= step <= int(cols[k]["step"][-1]) + 1]
-    if not parents:
-        return {}, resume_step
-    k = max(parents)
+    k = _parent(segment, step, cols)
+    if k is None:
+        return {}, resume_step, -np.inf
     c, out = cols[k], {}
     own, upto = [f for f in findings if f.segment == k], c["step"] <= step
     keep = c["loss_present"] & upto & _outside(c["step"], [
@@ -247,7 +251,32 @@ def parent_history(segment: int, first_step: int, cols: dict[int, dict[str, np.n
         normal = _outside(at, [f for f in own if f.kind in PERFORMANCE_KINDS])
         if normal.any():
             out["step_time"] = {"step": at[normal][-step_time_obs:], "step_time": per[normal][-step_time_obs:]}
-    return out, step
+    return out, step, main_line_trained_lr(segment, step, cols, resumes, lrc)
+
+
+def _parent(segment: int, step: int, cols: dict[int, dict[str, np.ndarray]]) -> int | None:
+    """The latest segment before ``segment`` whose rows cover ``step`` (or end at the step before it), or None."""
+    parents = [k for k in cols if k < segment and len(cols[k]["step"])
+               and int(cols[k]["step"][0]) <= step <= int(cols[k]["step"][-1]) + 1]
+    return max(parents) if parents else None
+
+
+def main_line_trained_lr(segment: int, step: int, cols: dict[int, dict[str, np.ndarray]], resumes: dict[int, int],
+                         lrc: LRConfig) -> float:
+    """The highest LR the run trained at (``divergence.trained_level``) on the main line a segment resumed at
+    ``step`` continues: its parent's rows up to the step, that parent's parent's up to where the parent resumed,
+    and so on back to the run's start. A warm restart returns the LR to the schedule's peak, which a long run
+    held long before the history a resumed segment is seeded with (fresh seed 141563's run 112: a peak at
+    115-130, a resume at 480 seeded from 225 on, a restart to the peak at 964 read as an LR raised x20)."""
+    level = -np.inf
+    k = _parent(segment, step, cols)
+    while k is not None:
+        c = cols[k]
+        upto = c["step"] <= step
+        level = max(level, trained_level(c["step"][upto], c["lr"][upto], lrc))
+        segment, step = k, resumes.get(k, int(c["step"][0]) - 1)
+        k = _parent(segment, step, cols)
+    return level
 
 
 def _outside(steps: np.ndarray, findings: list) -> np.ndarray:

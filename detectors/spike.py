@@ -245,7 +245,7 @@ class SpikeScanner:
         rows up to the trigger alone, so a stream dates it as the whole run does."""
         if "lr" not in obs:
             return onset
-        first = raise_after(obs["step"], obs["lr"], onset, trigger, trigger, self.ctx.config.lr)
+        first = raise_after(obs["step"], obs["lr"], onset, trigger, trigger, self.ctx.config.lr, self.ctx.trained_lr)
         if first is None:
             return onset
         # Not enough to alarm on is not nothing: rows before the raise whose mean stands ``growth_z`` standard errors
@@ -498,7 +498,8 @@ class SpikeScanner:
         """An LR raised off the schedule at the episode's onset, read from the rows up to ``at`` alone (so that a
         stream decides it as the whole run does)."""
         steps, lr = obs["step"][:at + 1], obs["lr"][:at + 1]
-        story = _lr_story(steps, lr, ep.onset, at, self.ctx.history, self.cfg.patience_obs, self.ctx.config.lr)
+        story = _lr_story(steps, lr, ep.onset, at, self.ctx.history, self.cfg.patience_obs, self.ctx.config.lr,
+                          trained_lr=self.ctx.trained_lr)
         return bool(story["lr_raised"]) and not story["lr_scheduled"]
 
     def _recent(self, ep: Episode, loss: np.ndarray, lo: int, n: int) -> tuple[int, np.ndarray, np.ndarray] | None:
@@ -644,10 +645,11 @@ class SpikeScanner:
         out = [f for _, f in pairs if f is not None]
         out += [g for ep, f in pairs if f is not None for g in nested_findings(self, ep, f, obs)]
         if current is not None:  # a second cause inside the excursion still open
-            inside = lr_raise_inside(obs, current, self.episode.trigger, self.ctx.history, self.ctx.config)
+            inside = lr_raise_inside(obs, current, self.episode.trigger, self.ctx.history, self.ctx.config,
+                                     self.ctx.trained_lr)
             out += [] if inside is None else [inside]
         # An LR burst is a known change point: a lift after it that no excursion above covers is its own finding.
-        bursts = lr_burst_shifts(obs, self.ctx.history, self.ctx.config, self.ctx.segment)
+        bursts = lr_burst_shifts(obs, self.ctx.history, self.ctx.config, self.ctx.segment, self.ctx.trained_lr)
         out += [b for b in own_findings(bursts, obs["step"], self.ctx.history)
                 if not any(f.onset_step <= b.end_step and b.onset_step <= f.end_step for f in out)]
         return sorted(out, key=lambda f: f.onset_step)
@@ -689,7 +691,7 @@ def nested_findings(sc: SpikeScanner, ep: Episode, outer: Finding, obs: Observat
 
 
 def _lr_story(steps: np.ndarray, lr: np.ndarray, onset: int, end: int, history: int, patience: int, lrc: LRConfig,
-              peak: int | None = None) -> dict:
+              peak: int | None = None, trained_lr: float = -np.inf) -> dict:
     """The LR around the onset, read from the data: the highest LR of the updates that produced the
     excursion up to its peak (from the row before the onset, and the onset row for a burst between coarse
     rows) against the LR before. Up to the peak, not at the onset only: a ramp reaches ``raise_factor`` after the loss
@@ -711,7 +713,7 @@ def _lr_story(steps: np.ndarray, lr: np.ndarray, onset: int, end: int, history: 
     # A ramp still rising into the excursion is read from where it left the schedule's path, not against the LR a
     # few rows before the onset, which the ramp has already raised (fresh seed 371818's run 139: x1.027 a step from
     # 1072, x22 by the peak of a spike at 1187, read as x1.3 against the rows just before it).
-    ramp = lr_rise_start(steps, lr, onset, lrc, until=peak)
+    ramp = lr_rise_start(steps, lr, onset, lrc, until=peak, trained_lr=trained_lr)
     if ramp is not None and history < ramp < anchor:
         anchor = ramp
     level = lr_before(steps, lr, anchor, lrc, history)
@@ -745,7 +747,7 @@ def _lr_story(steps: np.ndarray, lr: np.ndarray, onset: int, end: int, history: 
     hold_rows = held_rows(at, lrc)
     stepped_up = rise_at > history and bool(lr[rise_at] >= lrc.raise_factor * lr[rise_at - 1])  # not a ramp
     back = max(level, float(lr[rise_at - 1])) if stepped_up else level
-    earlier = trained_level(steps[:rise_at], lr[:rise_at], lrc)  # the highest LR the run trained at before this rise
+    earlier = trained_level(steps[:rise_at], lr[:rise_at], lrc, trained_lr)  # the highest LR trained at before it
     # Back on the schedule: at the LR before (within ``flat``), or stepped onto the highest level the run trained
     # at before the rise and not rising on (the schedule's warm restart, here where a burst ends straight into it:
     # fresh seed 930351's run 082, a burst x1.2e3 at 292-295 and the restart to the first cycle's peak at 296,
@@ -770,7 +772,7 @@ def _lr_story(steps: np.ndarray, lr: np.ndarray, onset: int, end: int, history: 
     # restart; a step up from a level held flat is a change, ``warm_restart``).
     scheduled = bool(raised and lr_cause <= lrc.restart_slack * earlier and fell_into(lr, max(rise_at - 1, 0), lrc)
                      and len(held) >= patience and np.all(held >= 0.5 * lr_cause))
-    restart = restart_before(steps, lr, onset, end, lrc, history)
+    restart = restart_before(steps, lr, onset, end, lrc, history, trained_lr)
     # The last step up within the lag, ended or not (outside the opening warm-up): evidence a shift has a cause.
     stepped = step_up is not None
     return {"lr_before": level, "lr_at_onset": lr_cause, "lr_ratio": ratio, "lr_raised": raised,
@@ -792,7 +794,7 @@ def classify(sc: SpikeScanner, ep: Episode, obs: Observations) -> Finding | None
     zl, zg = sc.residuals(ep, loss, onset, end + 1)
     z = np.nan_to_num(zl, nan=-np.inf)
     top = onset + int(np.argmax(z)) if len(z) else onset
-    jump = lr_jump_inside(steps, obs["lr"], onset, top, sc.ctx.config.lr, sc.ctx.history)
+    jump = lr_jump_inside(steps, obs["lr"], onset, top, sc.ctx.config.lr, sc.ctx.history, trained_lr=sc.ctx.trained_lr)
     if jump is not None and np.median(z[:jump - onset]) < cfg.z_band:
         # The loss was in band until the LR jumped: the excursion began with the jump's first consequence.
         jump = min(first_consequence(steps, jump), top)
@@ -820,7 +822,8 @@ def classify(sc: SpikeScanner, ep: Episode, obs: Observations) -> Finding | None
     peak_i = onset + int(np.argmax(zl_c if loss_moved else zg_c))
     # The LR up to the peak is the cause's, except inside the opening warm-up, whose rise is the schedule's.
     lr_peak = None if in_warmup(steps, obs["lr"], int(steps[peak_i]), sc.ctx.config.lr) else peak_i
-    lr_story = _lr_story(steps, obs["lr"], onset, end, sc.ctx.history, cfg.patience_obs, sc.ctx.config.lr, lr_peak)
+    lr_story = _lr_story(steps, obs["lr"], onset, end, sc.ctx.history, cfg.patience_obs, sc.ctx.config.lr, lr_peak,
+                         sc.ctx.trained_lr)
     # Lasting, or not back: no blip. Nor one still open while the LR that threw it stays raised off the schedule: a
     # bad batch is over at once, a raised LR goes on acting (fresh seed 122814's run 123: an LR growing x1.027 a
     # step, x8.8 when the loss went 3.5 -> 24 four rows before the log ended, read as "a bad batch?").
@@ -884,7 +887,7 @@ def classify(sc: SpikeScanner, ep: Episode, obs: Observations) -> Finding | None
                         climbing=bool(se >= sc.ctx.config.divergence.growth_z))
     if recovered is False or lr_story["lr_still_raised"]:  # a divergence's onset is where the trend broke
         at, growth = cause_start(steps, obs, onset, sc.ctx.history, sc.ctx.config.divergence, sc.ctx.config.lr,
-                                 sc.ctx.config.advice, until=peak_i)
+                                 sc.ctx.config.advice, until=peak_i, trained_lr=sc.ctx.trained_lr)
         evidence.update(growth, trend_break_step=int(steps[at]))
     return Finding(kind="spike", onset_step=int(steps[onset]), end_step=int(steps[end]), peak_step=int(steps[peak_i]),
                    segment=sc.ctx.segment, severity=severity, self_recovered=recovered, needs_action=needs,

@@ -162,13 +162,12 @@ class StreamingAnalyzer:
         earlier = {k: b.views() for k, b in self._segments.items() if k < buf.segment}
         findings = [f for k, b in sorted(self._segments.items()) if k < buf.segment and b.detectors is not None
                     for f in b.detectors.findings()]
-        resume = resume_steps_of(self._events).get(buf.segment)
-        history, resume_step = parent_history(buf.segment, int(buf.cols["step"].view[0]),
-                                              {**earlier, buf.segment: buf.views()}, resume, findings,
-                                              self.config.slowdown.history_obs)
+        history, resume_step, trained_lr = parent_history(
+            buf.segment, int(buf.cols["step"].view[0]), {**earlier, buf.segment: buf.views()},
+            resume_steps_of(self._events), findings, self.config.lr, self.config.slowdown.history_obs)
         return SegmentDetectors(buf.segment, self.config, meta=self.meta,
                                 checkpoint_seconds=pause_seconds(checkpoint_seconds(self._checkpoints()), self._events),
-                                history=history, resume_step=resume_step)
+                                history=history, resume_step=resume_step, trained_lr=trained_lr)
 
     def _append(self, row: Mapping[str, object]) -> _SegmentBuffer:
         segment = row.get("segment")

@@ -3315,3 +3315,38 @@ def test_111_a_resume_onto_a_slow_node_is_slower_than_before_it(seed: int, slowe
     for row in rows.drop_columns(["main"]).to_pylist():
         live.update(row)
     assert live.report().findings == report.findings
+
+
+# 112. The LR levels a resumed run trained at reach back along its main line to the run's start.
+
+@pytest.mark.parametrize("raised", [1.0, 3.0])
+def test_112_a_warm_restart_to_a_peak_held_before_the_resumes_history_is_the_schedule(raised: float) -> None:
+    """Real CPU training, the clean twin of fresh seed 141563's run 112 (``tests/fixtures/fresh``, no fault): fp16,
+    cosine with warm restarts after a 116-step warm-up, its peak 0.00349 held at steps 115-130. Segment 1 resumes
+    from checkpoint 480 (its first row 608, batches 481-607 skipped); the schedule restarts x20 back to that peak
+    at 964, and the loss rises with it and comes back. The segment's LR levels came from its own rows and the
+    history it was seeded with, its parent's last 256 healthy observations (225-480), which never held the peak:
+    the restart read as an LR raised off the schedule, 'loss diverged from step 965 ... learning rate x20 ...
+    still up', critical, and checkpoint 960 advised on a clean run (test 74 passed only because its history
+    reached its restart). The levels trained at are read along the main line back to the run's start
+    (``segments.main_line_trained_lr``): an 'info' rise after the schedule's restart. Fails on 0e4102b.
+    Guard: the same step to 3x the peak is a raise, and the loss under it a divergence from 965. Streaming reads
+    the run as offline does."""
+    steps, cols = _fresh_run("f141563-112-twin")
+    seg = cols.pop("segment").astype(int)
+    cols["lr"] = np.where((seg == 1) & (steps >= 964), raised * cols["lr"], cols["lr"])
+    rows = rows_table(steps, seg, **cols)
+    events = events_table(json.loads((FIXTURES / "fresh" / "f141563-112-twin-events.json").read_text()))
+    report = analyze(rows, events)
+    paged = [f for f in _alarms(report) if f.kind in ("spike", "divergence")]
+    if raised == 1.0:
+        assert paged == [] and report.rollback is None, paged
+        [rise] = [f for f in report.findings if f.kind == "spike" and f.onset_step == 965]
+        assert rise.severity == "info" and rise.evidence["lr_scheduled"], rise
+    else:
+        [div] = paged
+        assert (div.kind, div.segment, div.onset_step, div.needs_action) == ("divergence", 1, 965, True), div
+    live = StreamingAnalyzer(events)
+    for row in rows.drop_columns(["main"]).to_pylist():
+        live.update(row)
+    assert live.report().findings == report.findings
