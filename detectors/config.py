@@ -563,19 +563,25 @@ class AdviceConfig:
     """...and by 3 standard errors of the difference of the two medians (``DivergenceConfig.growth_z``, the bar a
     norm's climb itself must clear): a ratio of two short medians of a noisy norm is no climb by itself."""
     learning_obs: int = 16
-    """...nor is a climb the loss fell through: norms grow as a model learns (early training takes the final
-    layer's activations several-fold up while the loss falls), and OPT's precursor is growth that buys nothing,
-    before a loss that stalls or rises. The loss's median over the first and over the last quarter of the climb,
-    at least 16 observations each (the baselines' block), are compared..."""
-    learning_z: float = 3.0
-    """...and a fall of 3 standard errors of their difference (``DivergenceConfig.growth_z``, the bar a norm's
-    climb itself must clear) is learning. Seed 260854's run 087: the activation norm grew 1.7 -> 5.1 as the loss
-    fell 4.0 -> 3.07 after the warm-up, and every checkpoint before a scaler collapse at step 321 was refused."""
+    """...and only where the loss is shown to have bought nothing through it: norms grow as a model learns (early
+    training takes the final layer's activations several-fold up while the loss falls), and OPT's precursor is
+    growth that buys nothing, before a loss that stalls or rises (``divergence.loss_stalled``). The loss's median
+    over the first and over the last quarter of the climb, at least 16 observations each (the baselines' block),
+    are compared..."""
+    learning_z: float = 2.0
+    """...and their difference, this many standard errors up (a one-sided 97.7% bound on the fall), must stay
+    under ``learning_fall`` of the loss level. The stall is shown, not assumed: the walk back throws away the
+    training since the climb began. Asked the other way (a fall of 3 standard errors is learning, a smaller one
+    a precursor) it refused 33 of the 105 natural climbs at the clean twins' checkpoints of eleven fresh seeds
+    (``bench/climb_null.py``; batch 2-6 losses falling 10-73% at 2.2-2.5 standard errors: fresh seed 199657's
+    run 117, checkpoint 60 advised for a collapse at 231, the labeller's 210); asked this way, none at a bound of
+    2, 2.5 or 3 standard errors, and a norm doubling over 750 steps while the loss falls 0.6% with its noise at
+    1% (``test_advisor_walkback``) is shown stalled up to 2.9."""
     learning_fall: float = 0.01
-    """...and a fall of at least 1% of the loss level, for the same practical reason as the spike's ``min_rise``:
-    over quarters of a long climb the standard error shrinks until the slow descent of late training (a fraction
-    of a percent over hundreds of steps) is significant, and norms that double while the loss buys so little are
-    OPT's precursor still. The precursor finding asks the same (``divergence.loss_fell_through``)."""
+    """...the practical significance of a fall, as the spike's ``min_rise``: norms that double while the loss buys
+    under 1% are OPT's precursor still. The precursor finding asks whether the loss fell through its climb by
+    ``DivergenceConfig.growth_z`` and this much (``divergence.loss_fell_through``): there a finding is at stake,
+    not the training a refused checkpoint throws away."""
     resume_obs: int = 8
     """A checkpoint inside an incident that came back by itself is a healthy resume point only if the median of the
     first 8 losses computed from it (the spike's ``recovery_obs``) was back in the incident's band..."""

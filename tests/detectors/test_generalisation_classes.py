@@ -3350,3 +3350,34 @@ def test_112_a_warm_restart_to_a_peak_held_before_the_resumes_history_is_the_sch
     for row in rows.drop_columns(["main"]).to_pylist():
         live.update(row)
     assert live.report().findings == report.findings
+
+
+# 113. A climb refuses checkpoints as OPT's precursor only where the loss is shown to have bought nothing.
+
+@pytest.mark.parametrize("stalled", [False, True])
+def test_113_a_climb_the_noisy_loss_fell_through_refuses_no_checkpoint(stalled: bool) -> None:
+    """Real CPU training, fresh seed 199657's run 117 (``tests/fixtures/fresh``): fp16, batch 6, cosine with warm
+    restarts, checkpoints every 30; NaN weights from 139 on a branch abandoned for checkpoint 120 (segment 1 from
+    183), then a collapse of the loss scale from 231 (every step skipped). The activation norm grows 6.1 -> 10.0
+    over steps 74-230 as the model learns (its clean twin's alike), while the batch-6 loss falls 2.96 -> 2.41:
+    18%, but 2.5 standard errors of the two quarters' medians, under the 3 that called it learning, so the climb
+    was OPT's precursor and every checkpoint after 74 refused (checkpoint 60, 150 steps of healthy training thrown
+    away; the labeller's is 210). A climb is a precursor only where the stall is shown: the fall, 2 standard
+    errors up, still under 1% of the loss (``divergence.loss_stalled``). Fails on 5dc1b31 (checkpoint 60).
+    Guard: the same rows with the loss stalled through the climb (held at its level at 74, its noise about its
+    fall scaled to 5%) walk the advice back before the climb, to checkpoint 60, as before."""
+    steps, cols = _fresh_run("f199657-117")
+    seg = cols.pop("segment").astype(int)
+    if stalled:
+        climb = (steps >= 74) & (steps <= 230) & np.isfinite(cols["loss"])
+        level = float(np.median(cols["loss"][(steps >= 60) & (steps < 74)]))
+        fit = np.polyval(np.polyfit(steps[climb], cols["loss"][climb], 1), steps)  # the fall through the climb
+        cols["loss"] = np.where(climb, level + 0.05 * (cols["loss"] - fit), cols["loss"])
+    # The main line from the resume event (``rows_table`` cuts at segment 1's first step, keeping the NaN branch).
+    report = analyze(rows_table(steps, seg, **cols).drop_columns(["main"]),
+                     events_table(json.loads((FIXTURES / "fresh" / "f199657-117-events.json").read_text())))
+    [collapse] = [f for f in report.findings if f.needs_action and f.open]
+    assert (collapse.kind, collapse.segment, collapse.onset_step) == ("scaler_collapse", 1, 231), collapse
+    rb = report.rollback
+    assert rb is not None and rb.checkpoint_step == (60 if stalled else 210), rb and rb.reason
+    assert (rb.evidence.get("act_norm_growth_from") is not None) is stalled, rb.evidence
