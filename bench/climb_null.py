@@ -26,18 +26,13 @@ from evalruns import fresh  # noqa: E402
 from twin_alarms import cached_twin  # noqa: E402
 
 from runwatch.detectors.config import DEFAULT  # noqa: E402
-from runwatch.detectors.divergence import (  # noqa: E402
-    _loss_ends,
-    act_growth_start,
-    answers_the_schedule,
-    median_shift_se,
-)
+from runwatch.detectors.divergence import _loss_ends, act_growth_start, answers_the_schedule, norm_grown  # noqa: E402
 
 BARS = (1.5, 2.0, 2.5, 3.0)
 
 
 def climbs(seed: int) -> list[tuple[float, float]]:
-    """(the loss's fall in standard errors, the fall as a share of its level) through each natural climb the
+    """(the loss's fall, its standard error), each as a share of the loss's level, through each natural climb the
     advice would ask about at a checkpoint of ``seed``'s clean twins (one per distinct climb start and run)."""
     adv, lrc, out = DEFAULT.advice, DEFAULT.lr, []
     for run in fresh.fresh_runs(seed):
@@ -56,18 +51,12 @@ def climbs(seed: int) -> list[tuple[float, float]]:
             if start is None or start in seen or answers_the_schedule(steps, col["lr"], start, lrc):
                 continue
             i, j = int(np.searchsorted(steps, start)), int(np.searchsorted(steps, c + 1))
-            a, b = col["act_norm"][max(i - 8, 0):i + 1], col["act_norm"][max(j - 8, i):j]
-            a, b = a[np.isfinite(a)], b[np.isfinite(b)]
-            if not len(a) or not len(b) or np.median(a) <= 0 or np.median(b) < adv.act_climb_ratio * np.median(a):
-                continue
-            if median_shift_se(np.log(a), np.log(b)) < adv.act_climb_z:
-                continue
-            ends = _loss_ends(col["loss"][i:j], adv.learning_obs)
+            ends = _loss_ends(col["loss"][i:j], adv.learning_obs) if norm_grown(col["act_norm"], i, j, adv) else None
             if ends is None:
                 continue
             seen.add(start)
             first, last, se = ends
-            out.append(((first - last) / se, (first - last) / abs(first)))
+            out.append(((first - last) / abs(first), se / abs(first)))
     return out
 
 
@@ -78,10 +67,10 @@ def main() -> None:
     if not found:
         print("no climbs")
         return
-    z, fall = np.array([v[0] for v in found]), np.array([v[1] for v in found])
-    floor = DEFAULT.advice.learning_fall
+    fall, se = np.array([v[0] for v in found]), np.array([v[1] for v in found])
+    z, floor = fall / se, DEFAULT.advice.learning_fall
     unproven = {t: int((~((z >= t) & (fall >= floor))).sum()) for t in BARS}
-    shown = {t: int(((fall + t * fall / np.where(z != 0, z, np.nan)) < floor).sum()) for t in BARS}
+    shown = {t: int((fall + t * se < floor).sum()) for t in BARS}
     print(f"{len(z)} natural activation-norm climbs at clean twins' checkpoints (median fall {np.median(z):.2f} "
           f"standard errors, {np.median(fall):.1%} of the loss). Refused as OPT's precursor where learning is not "
           "shown (a fall of t standard errors and " + f"{floor:.0%}): "

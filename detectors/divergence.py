@@ -599,19 +599,22 @@ def _after_burst(steps: np.ndarray, values: np.ndarray, start: int | None, at: i
 
 
 def precursor_grown(values: np.ndarray, loss: np.ndarray, i: int, j: int, advice: AdviceConfig) -> bool:
-    """Has a norm climbing from row ``i`` grown into OPT's precursor by row ``j``: its median over the 8 rows before
-    ``j`` ``advice.act_climb_ratio`` x its median over the 8 rows up to ``i``, by ``advice.act_climb_z`` standard
-    errors of the two medians, with the loss shown to have bought nothing through the climb (``loss_stalled``:
-    norms grow as a model learns)? The advice's walk back and the onset of a divergence ask the same."""
+    """Has a norm climbing from row ``i`` grown into OPT's precursor by row ``j`` (``norm_grown``), with the loss
+    shown to have bought nothing through the climb (``loss_stalled``: norms grow as a model learns)? The advice's
+    walk back and the onset of a divergence ask the same."""
+    return norm_grown(values, i, j, advice) and loss_stalled(loss[i:j], advice.learning_obs, advice.learning_z,
+                                                             advice.learning_fall)
+
+
+def norm_grown(values: np.ndarray, i: int, j: int, advice: AdviceConfig) -> bool:
+    """Is a norm's median over the 8 rows before row ``j`` ``advice.act_climb_ratio`` x its median over the 8 rows
+    up to row ``i``, by ``advice.act_climb_z`` standard errors of the two medians? Beyond the noise of the two
+    medians as well as the ratio: on a batch-1 log the activation norm's medians of 8 stray by 20% and more (seed
+    837336's run 033: a natural drift read as x1.6, and the checkpoint before a NaN refused)."""
     a, b = values[max(i - 8, 0):i + 1], values[max(j - 8, i):j]
     a, b = a[np.isfinite(a)], b[np.isfinite(b)]
     if not len(a) or not len(b) or np.median(a) <= 0:
         return False
-    if not loss_stalled(loss[i:j], advice.learning_obs, advice.learning_z, advice.learning_fall):
-        return False
-    # Grown the ratio, and beyond the noise of the two medians: on a batch-1 log the activation norm's medians of
-    # 8 stray by 20% and more (seed 837336's run 033: a natural drift read as x1.6, and the checkpoint before a
-    # NaN refused).
     grown = float(np.median(b) / np.median(a)) >= advice.act_climb_ratio
     return grown and median_shift_se(np.log(a), np.log(b)) >= advice.act_climb_z
 
