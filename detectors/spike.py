@@ -62,6 +62,8 @@ from runwatch.detectors.divergence import (
     raise_after,
     restart_before,
     trained_level,
+    warmup_end,
+    warmup_resumed_end,
 )
 from runwatch.detectors.finding import Finding, fmt_value, recovery_steps
 from runwatch.detectors.scanner import Observations, ScanContext, own_findings
@@ -760,6 +762,12 @@ def _lr_story(steps: np.ndarray, lr: np.ndarray, onset: int, end: int, history: 
         restart = ((rows <= lrc.restart_slack * earlier) & (rows * lrc.restart_slack >= earlier) & stepped_on
                    & ~(nxt > lrc.flat * rows))
         on_path = (rows <= lrc.flat * back) | restart
+    # The opening warm-up read through the bursts inside it (``warmup_resumed_end``: the LR came back onto its path)
+    # is the schedule up to its end: a burst that ended there is over, however far the warm-up then raises the LR
+    # (fresh seed 246827's run 068: x270 at 65 of a 204-step warm-up, "still raised" at 3.3x by the warm-up's end).
+    warm = warmup_resumed_end(steps, lr, lrc, warmup_end(steps, lr, lrc))
+    if warm is not None:
+        on_path |= steps[onset:end + 1] <= warm
     on_path = on_path[finite]
     up = np.flatnonzero(during >= lrc.raise_factor * level)
     since = during[up[0]:] if len(up) else during[:0]  # from the first row at the factor (a ramp's start is not)

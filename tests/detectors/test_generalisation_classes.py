@@ -3381,3 +3381,33 @@ def test_113_a_climb_the_noisy_loss_fell_through_refuses_no_checkpoint(stalled: 
     rb = report.rollback
     assert rb is not None and rb.checkpoint_step == (60 if stalled else 210), rb and rb.reason
     assert (rb.evidence.get("act_norm_growth_from") is not None) is stalled, rb.evidence
+
+
+# 114. The rest of the warm-up after a burst inside it is the schedule when the burst's LR is judged still raised.
+
+@pytest.mark.parametrize("jumped", [False, True])
+def test_114_a_burst_inside_the_warmup_is_over_however_far_the_warmup_then_raises_the_lr(jumped: bool) -> None:
+    """Real CPU training (fresh seed 246827's run 068, ``tests/fixtures/fresh``): fp16, batch 46, a 204-step linear
+    warm-up to a constant LR, checkpoints every 94. An LR burst x270 at step 65 throws the loss 3.9 -> 130 from 66,
+    back under its level of before by ~160 and on its trend by 695; an LR jump x5.5 from 753 then diverges it. The
+    burst's LR was read as still raised: after the burst the warm-up rose on along its own path to 3.3x the LR
+    before the onset (``_lr_story``'s ramp test, its rows over the factor and none at the LR before). So the burst
+    was a divergence, needing action and never history, and the advice for the jump at 753 found no checkpoint
+    before 66. Fails on 3989dfb (a divergence from 66, advice None). Guard: the LR left x3 above the warm-up's path
+    from the burst on (a jump, never back on the path) is still raised: the divergence from 66 stays."""
+    steps, cols = _fresh_run("f246827-068")
+    if jumped:
+        cols = {**cols, "lr": np.where(steps >= 66, 3.0 * cols["lr"], cols["lr"])}
+    report = _fresh_report_of("f246827-068", steps, cols)
+    early = [(f.kind, f.onset_step, f.evidence["lr_raised"], f.evidence.get("lr_still_raised")) for f in _alarms(report)
+             if f.onset_step == 66]
+    assert early == [("divergence" if jumped else "spike", 66, True, jumped)], report.findings
+    later = [f for f in _alarms(report) if f.onset_step == 753]
+    assert [(f.kind, f.evidence["lr_still_raised"]) for f in later] == [("divergence", True)], report.findings
+    expected = None if jumped else 658  # the jump's divergence from 66 is still the earliest problem
+    assert report.rollback is not None and report.rollback.checkpoint_step == expected, report.rollback
+    events = json.loads((FIXTURES / "fresh" / "f246827-068-checkpoints.json").read_text())
+    live = StreamingAnalyzer(events_table(events))
+    for row in rows_table(steps, **cols).to_pylist():
+        live.update(row)
+    assert live.report().findings == report.findings
