@@ -933,18 +933,30 @@ def _lasting_cost(sc: SpikeScanner, ep: Episode, loss: np.ndarray, n: int) -> di
     """How far above the pre-onset trend carried forward the loss stays once back (the lasting cost), and
     above the pre-onset level itself: measured after the recovery window, over ``lasting_obs``. Where the data ends
     within ``recovery_obs`` of that window, over the rows since the recovery: the run as it is now, not nothing
-    (a report read when a long burst has just come back, as at the end of a run, saw no cost at all)."""
+    (a report read when a long burst has just come back, as at the end of a run, saw no cost at all). The rows of a
+    later excursion that opened an episode of its own (a cause of its own: ``_open``), up to the end of its recovery
+    window, are left out: they are its values, not this one's cost (fresh seed 826151's run 115: an LR burst back at
+    426, a second burst from 443 inside the window, and the first burst's "lasting cost" was the second's 49 sigma;
+    the rows after a later excursion came back are the run settled again, and still this one's cost)."""
     a = ep.recovered_at + sc.cfg.recovery_obs
     if n - a < sc.cfg.recovery_obs:
         a = ep.recovered_at
-    b = min(n, a + sc.cfg.lasting_obs)
-    after = loss[a:b]
-    ok = np.isfinite(after)
-    if ok.sum() < sc.cfg.recovery_obs:
+    spans, at, want = [], a, sc.cfg.lasting_obs
+    for e in sc.closed + [sc.episode]:  # in onset order; each later one skipped to the end of its recovery window
+        if e is None or e.onset <= ep.onset or want <= 0:
+            continue
+        if e.onset > at:
+            spans.append(np.arange(at, min(e.onset, at + want)))
+            want -= len(spans[-1])
+        at = max(at, n if e.is_open else e.recovered_at + sc.cfg.recovery_obs)
+    spans.append(np.arange(at, min(n, at + max(want, 0))))
+    rows = np.concatenate(spans)
+    rows = rows[np.isfinite(loss[rows])]
+    if len(rows) < sc.cfg.recovery_obs:
         return {}
-    f = ep.frozen
-    trend = float(np.median(after[ok] - sc.projection(ep, a, b)[ok]))
-    level = float(np.median(after[ok])) - f["level"]
+    after, f = loss[rows], ep.frozen
+    trend = float(np.median(after - sc.projection(ep, a, int(rows[-1]) + 1)[rows - a]))
+    level = float(np.median(after)) - f["level"]
     return {"lasting_cost": trend, "lasting_cost_sigmas": trend / f["scale"], "lasting_above_level": level,
             "lasting_above_level_sigmas": level / f["scale"]}
 

@@ -3411,3 +3411,32 @@ def test_114_a_burst_inside_the_warmup_is_over_however_far_the_warmup_then_raise
     for row in rows_table(steps, **cols).to_pylist():
         live.update(row)
     assert live.report().findings == report.findings
+
+
+# 115. An excursion's lasting cost is measured on the run's own rows, not on a later excursion's.
+
+def test_115_a_later_excursion_is_not_the_lasting_cost_of_the_one_before() -> None:
+    """Real CPU training (fresh seed 826151's run 115, ``tests/fixtures/fresh``): fp32, batch 5, cosine after a
+    74-step warm-up, checkpoints every 27. An LR burst x47 at 51-54 throws the loss 3.9 -> 31 from 52; it is back on
+    its trend by 426, the loss near 2.0, under its level before the burst; a second LR burst x117 at 442-446 throws
+    it to 34 from 443 for good (the labeller's right checkpoint is 432). The first burst's lasting cost was measured
+    over the 32 rows after its recovery window (434-465), most of them the second burst's: "10.8 (49.3 sigma)
+    above it since", a cost that needs action, so the advice went back before the first burst, to checkpoint 27.
+    The second burst opened an episode of its own (its LR stepped up), so its rows are its own: the first burst's
+    cost is read on the 9 rows before it, and the advice is 432. Fails on 3989dfb (checkpoint 27). The rows a
+    cost is read on are pinned: the median of 434-442 less the level before the first burst (a flat trend)."""
+    steps, cols = _fresh_run("f826151-115")
+    report = _fresh_report_of("f826151-115", steps, cols)
+    first, second = [f for f in _alarms(report, "spike") if f.onset_step in (52, 443)]
+    assert (first.self_recovered, first.needs_action, second.self_recovered) == (True, False, False), report.findings
+    ev = first.evidence
+    assert ev["trend_slope"] == 0.0, ev
+    own = cols["loss"][(steps >= 434) & (steps < 443)]
+    assert ev["lasting_cost"] == pytest.approx(float(np.median(own)) - ev["baseline_loss"]), ev
+    assert ev["lasting_cost_sigmas"] < 0, ev
+    assert report.rollback is not None and report.rollback.checkpoint_step == 432, report.rollback
+    events = json.loads((FIXTURES / "fresh" / "f826151-115-checkpoints.json").read_text())
+    live = StreamingAnalyzer(events_table(events))
+    for row in rows_table(steps, **cols).to_pylist():
+        live.update(row)
+    assert live.report().findings == report.findings
