@@ -30,6 +30,7 @@ already trained at (a warm restart) is the schedule: 'info'.
 
 from __future__ import annotations
 
+import bisect
 import math
 
 import numpy as np
@@ -942,9 +943,11 @@ def _lasting_cost(sc: SpikeScanner, ep: Episode, loss: np.ndarray, n: int) -> di
     if n - a < sc.cfg.recovery_obs:
         a = ep.recovered_at
     spans, at, want = [], a, sc.cfg.lasting_obs
-    for e in sc.closed + [sc.episode]:  # in onset order; each later one skipped to the end of its recovery window
-        if e is None or e.onset <= ep.onset or want <= 0:
-            continue
+    first = bisect.bisect_right(sc.closed, ep.onset, key=lambda e: e.onset)  # the closed ones are in onset order
+    for k in range(first, len(sc.closed) + 1):  # each later one skipped up to the end of its recovery window
+        e = sc.closed[k] if k < len(sc.closed) else sc.episode
+        if e is None or e.onset <= ep.onset or e.onset >= n or want <= 0:
+            break
         if e.onset > at:
             spans.append(np.arange(at, min(e.onset, at + want)))
             want -= len(spans[-1])
