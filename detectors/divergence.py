@@ -675,6 +675,9 @@ def warmup_resumed_end(steps: np.ndarray, lr: np.ndarray, lrc: LRConfig, end: in
         if i < 1 or i + 2 >= len(lr) or not (np.isfinite(lr[i - 1:i + 1]).all() and lr[i] > lr[i - 1] > 0):
             return end
         rate = math.log(lr[i] / lr[i - 1]) / max(float(steps[i] - steps[i - 1]), 1.0)
+        if not (np.isfinite(lr[i + 1]) and lr[i + 1] > lr[i] and math.log(lr[i + 1] / lr[i])
+                > lrc.warmup_steepen * rate * max(float(steps[i + 1] - steps[i]), 1.0)):
+            return end  # no burst: the LR stopped rising there, and the warm-up with it
         with np.errstate(divide="ignore", invalid="ignore"):
             ahead = slice(i + 2, min(len(lr), i + 2 + lrc.lag_rows))
             path = math.log(lr[i]) + rate * (steps[ahead] - steps[i]) + math.log(lrc.flat)

@@ -20,7 +20,7 @@ import pytest
 
 from runwatch.detectors.analysis import Report, analyze
 from runwatch.detectors.config import DEFAULT
-from runwatch.detectors.divergence import lr_before, lr_rise_start
+from runwatch.detectors.divergence import lr_before, lr_rise_start, warmup_end, warmup_resumed_end
 from runwatch.detectors.finding import Finding
 from runwatch.detectors.spike import _lr_story
 from runwatch.detectors.stall import detect_stalls
@@ -3440,3 +3440,40 @@ def test_115_a_later_excursion_is_not_the_lasting_cost_of_the_one_before() -> No
     for row in rows_table(steps, **cols).to_pylist():
         live.update(row)
     assert live.report().findings == report.findings
+
+
+# 116. A warm-up that ended by holding its LR is over: only a burst inside it is read through.
+
+_HD10_LR = [4e-05, 0.00104, 0.002, 0.002, 0.002704, 0.01783, 0.1176, 0.775, 5.11, 33.69, 222.1, 1464.0, 9654.0, 63650.0,
+            419600.0, 2767000.0, 16920000.0]
+_HD10_LOSS = [4.16, 4.039, 3.268, 2.58, 2.328, 1.93, 3.453, 7.476, 701.2, 1.695e9, 657200.0, 1.993e7, 2.489e9, 5.426e10,
+              3.628e12, 6.313e19, 7.592e15]
+_HD10_GRAD = [0.506, 0.5439, 1.271, 0.9623, 1.199, 2.031, 2.439, 2.963, 71.05, 1.53e7, 2100.0, 14260.0, 170600.0,
+              383000.0, 4813000.0, 1.108e17, 1.033e16]
+
+
+@pytest.mark.parametrize("burst", [False, True])
+def test_116_a_warmup_that_held_its_lr_is_not_read_through_a_later_rise(burst: bool) -> None:
+    """Held-out run h-divergence-10 (``bench/evalruns``, real CPU training, a log every 25 steps): a linear warm-up
+    to 0.002 at step 50, held at 75, then an LR growing x1.08 a step from 100: a divergence from 100. The warm-up's
+    end read through the bursts inside it (``divergence.warmup_resumed_end``) skipped the row after the end as a
+    burst's and, the LR under the warm-up's path carried forward at 100, read the growth on from there as the warm-up
+    going on to the log's end; so the LR, x1.4e9, was on the schedule's path, not still raised: a spike, not a
+    divergence. A warm-up is read through only a burst: a row after its end that steepens its rise (the cause
+    ``warmup_end`` stopped for). Fails on 8de8ffb (the end read as 399; a spike from 125). Guard: a burst x50 at
+    row 75 of a warm-up rising to 200 is read through (test 101's class)."""
+    steps = np.arange(0, 400, 25)
+    steps = np.append(steps, 399)
+    lr = np.array(_HD10_LR)
+    lrc = DEFAULT.lr
+    if burst:
+        warm = 1e-4 * (steps / 25 + 1)
+        lr = np.where(steps <= 200, warm, warm[steps == 200][0]) * np.where(steps == 75, 50.0, 1.0)
+        assert warmup_end(steps, lr, lrc) == 50
+        assert warmup_resumed_end(steps, lr, lrc, 50) == 200
+        return
+    assert warmup_end(steps, lr, lrc) == 50
+    assert warmup_resumed_end(steps, lr, lrc, 50) == 50
+    report = analyze(rows_table(steps, loss=np.array(_HD10_LOSS), grad_norm=np.array(_HD10_GRAD), lr=lr), None)
+    [div] = _alarms(report)
+    assert (div.kind, div.onset_step, div.evidence["lr_still_raised"]) == ("divergence", 100, True), div
