@@ -271,9 +271,10 @@ class ScalerScanner:
         flag = np.where(flagged, obs["found_inf"][lo:n].astype(np.float64), 0.0)
         # The flag says whether the logged step itself was skipped; the halvings since the row before count the
         # skips in between (a log every k steps sees most of them only that way), less the flagged row before's
-        # own (the scale a row logs is the one its step ran with: that skip's halving shows on the next row).
+        # own (the scale a row logs is the one its step ran with: that skip's halving shows on the next row). The
+        # row's own skip is one more: its halving shows only on the next row.
         prev = np.concatenate([[self.prev_flag], flag[:-1]])
-        np.maximum(flag, halvings - prev, out=skips[:n - lo])
+        np.add(flag, np.maximum(halvings - prev, 0.0), out=skips[:n - lo])
         np.logical_and(flag > 0, halvings - prev <= 0, out=own[:n - lo])
         if len(flag):
             self.prev_flag = float(flag[-1])

@@ -3477,3 +3477,38 @@ def test_116_a_warmup_that_held_its_lr_is_not_read_through_a_later_rise(burst: b
     report = analyze(rows_table(steps, loss=np.array(_HD10_LOSS), grad_norm=np.array(_HD10_GRAD), lr=lr), None)
     [div] = _alarms(report)
     assert (div.kind, div.onset_step, div.evidence["lr_still_raised"]) == ("divergence", 100, True), div
+
+
+# 117. A flagged row on a coarse log counts its own skip and those in between: a collapse's rate is read whole.
+
+@pytest.mark.parametrize("every", [2, 1])
+def test_117_a_coarse_rows_own_skip_adds_to_the_skips_before_it(every: int) -> None:
+    """Real CPU training (fresh seed 796644's run 069, ``tests/fixtures/fresh``): fp16, batch 26, a log every 2
+    steps, checkpoints every 139. An ordinary backoff shows at 970 (131072 -> 65536); from step 975 every step
+    overflows and the scale falls to 1 and stays there (the labeller's checkpoint is 973). A row's skips were the
+    larger of its own flag and the halvings since the row before (less that row's own), not their sum: row 978,
+    flagged, 32768 -> 8192, read 1 skip where steps 977 and 978 both skipped. The collapse's rate after its change
+    read half what it was, and the change point, fixed at the first alarm, took the backoff at 970 (advice 834).
+    Fails on 67b4525 (onset 970, checkpoint 834). Guard: an incident logged every step (a flag on each skipped
+    step, its halving on the next row: no row has both), an ordinary overflow 30 steps before a collapse from 975,
+    reads as before: onset 975, checkpoint 973."""
+    if every == 2:
+        steps, cols = _fresh_run("f796644-069")
+        cols["found_inf"] = cols["found_inf"].astype(bool)
+    else:
+        steps = np.arange(0, 1052)
+        skipped = (steps == 945) | (steps >= 975)
+        halvings = np.cumsum(np.r_[0, skipped[:-1]])  # each skip's halving shows on the next row
+        cols = {"loss": loss_curve(len(steps), seed=3), "grad_norm": grad_curve(len(steps)),
+                "lr": np.full(len(steps), 1e-3), "loss_scale": np.maximum(131072.0 / 2.0 ** halvings, 1.0),
+                "found_inf": skipped}
+    report = _fresh_report_of("f796644-069", steps, cols)
+    [collapse] = [f for f in _alarms(report, "scaler_collapse") if f.onset_step > 900]
+    onset = 976 if every == 2 else 975
+    assert (collapse.onset_step, collapse.evidence["earliest_onset_step"]) == (onset, onset), collapse
+    assert report.rollback is not None and report.rollback.checkpoint_step == 973, report.rollback
+    events = json.loads((FIXTURES / "fresh" / "f796644-069-checkpoints.json").read_text())
+    live = StreamingAnalyzer(events_table(events))
+    for row in rows_table(steps, **cols).to_pylist():
+        live.update(row)
+    assert live.report().findings == report.findings
