@@ -844,6 +844,14 @@ def _fresh_report_of(name: str, steps: np.ndarray, cols: dict[str, np.ndarray]) 
                                                                       .read_text())))
 
 
+def _streams_alike(name: str, steps: np.ndarray, cols: dict[str, np.ndarray], report: Report) -> None:
+    """The same rows fed one at a time to ``StreamingAnalyzer`` (with run ``name``'s checkpoints) read ``report``."""
+    live = StreamingAnalyzer(events_table(json.loads((FIXTURES / "fresh" / f"{name}-checkpoints.json").read_text())))
+    for row in rows_table(steps, **cols).to_pylist():
+        live.update(row)
+    assert live.report().findings == report.findings
+
+
 # 26. The schedule's warm restart inside an excursion is not the LR jump that caused it.
 
 def test_26_a_warm_restart_before_the_burst_is_not_the_divergences_onset() -> None:
@@ -3406,11 +3414,7 @@ def test_114_a_burst_inside_the_warmup_is_over_however_far_the_warmup_then_raise
     assert [(f.kind, f.evidence["lr_still_raised"]) for f in later] == [("divergence", True)], report.findings
     expected = None if jumped else 658  # the jump's divergence from 66 is still the earliest problem
     assert report.rollback is not None and report.rollback.checkpoint_step == expected, report.rollback
-    events = json.loads((FIXTURES / "fresh" / "f246827-068-checkpoints.json").read_text())
-    live = StreamingAnalyzer(events_table(events))
-    for row in rows_table(steps, **cols).to_pylist():
-        live.update(row)
-    assert live.report().findings == report.findings
+    _streams_alike("f246827-068", steps, cols, report)
 
 
 # 115. An excursion's lasting cost is measured on the run's own rows, not on a later excursion's.
@@ -3435,11 +3439,7 @@ def test_115_a_later_excursion_is_not_the_lasting_cost_of_the_one_before() -> No
     assert ev["lasting_cost"] == pytest.approx(float(np.median(own)) - ev["baseline_loss"]), ev
     assert ev["lasting_cost_sigmas"] < 0, ev
     assert report.rollback is not None and report.rollback.checkpoint_step == 432, report.rollback
-    events = json.loads((FIXTURES / "fresh" / "f826151-115-checkpoints.json").read_text())
-    live = StreamingAnalyzer(events_table(events))
-    for row in rows_table(steps, **cols).to_pylist():
-        live.update(row)
-    assert live.report().findings == report.findings
+    _streams_alike("f826151-115", steps, cols, report)
 
 
 # 116. A warm-up that ended by holding its LR is over: only a burst inside it is read through.
@@ -3507,8 +3507,4 @@ def test_117_a_coarse_rows_own_skip_adds_to_the_skips_before_it(every: int) -> N
     onset = 976 if every == 2 else 975
     assert (collapse.onset_step, collapse.evidence["earliest_onset_step"]) == (onset, onset), collapse
     assert report.rollback is not None and report.rollback.checkpoint_step == 973, report.rollback
-    events = json.loads((FIXTURES / "fresh" / "f796644-069-checkpoints.json").read_text())
-    live = StreamingAnalyzer(events_table(events))
-    for row in rows_table(steps, **cols).to_pylist():
-        live.update(row)
-    assert live.report().findings == report.findings
+    _streams_alike("f796644-069", steps, cols, report)
