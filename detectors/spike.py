@@ -944,9 +944,8 @@ def _lasting_cost(sc: SpikeScanner, ep: Episode, loss: np.ndarray, n: int) -> di
         a = ep.recovered_at
     spans, at, want = [], a, sc.cfg.lasting_obs
     first = bisect.bisect_right(sc.closed, ep.onset, key=lambda e: e.onset)  # the closed ones are in onset order
-    for k in range(first, len(sc.closed) + 1):  # each later one skipped up to the end of its recovery window
-        e = sc.closed[k] if k < len(sc.closed) else sc.episode
-        if e is None or e.onset <= ep.onset or e.onset >= n or want <= 0:
+    for e in [*sc.closed[first:], sc.episode]:  # each later one skipped up to the end of its recovery window
+        if e is None or want <= 0:
             break
         if e.onset > at:
             spans.append(np.arange(at, min(e.onset, at + want)))
