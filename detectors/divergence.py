@@ -1137,7 +1137,8 @@ def lr_burst_shifts(obs: Observations, history: int, config: object, segment: in
                     trained_lr: float = -np.inf) -> list[Finding]:
     """Spikes at known change points: an LR burst (``lr_bursts``) after which the loss level stood
     ``lr_shift_z`` standard errors (and the spike's ``min_rise`` of it) above the level before, over one of the
-    windows of ``lr_burst_windows`` from the burst's first consequence (``_known_change_point``).
+    windows of ``lr_burst_windows`` from the burst's first consequence (``_known_change_point``); a lift past
+    ``lr_note_z`` only is an 'info' annotation.
 
     A burst of a few updates can lift the loss 4-8 of its noise sigmas for tens of rows: under every
     one-observation bar and too short for the CUSUM bank to reach its interval, so nothing else finds it (11 of
@@ -1165,7 +1166,7 @@ def lr_burst_shifts(obs: Observations, history: int, config: object, segment: in
         tests = [(lift(c, min(n, c + k * cfg.lr_shift_obs)), min(n, c + k * cfg.lr_shift_obs))
                  for k in cfg.lr_burst_windows]
         (z, up, level), hi = max(tests, key=lambda t: t[0][0])
-        if z < cfg.lr_shift_z or not level > 0 or up < min_rise * level:
+        if z < cfg.lr_note_z or not level > 0 or up < min_rise * level:
             continue
         if warm_restart(lr, a - 1, a, trained_level(steps[:a], lr[:a], lrc, trained_lr), lrc):
             continue  # the schedule's restart: the loss answering it is the schedule's (``restart_before``)
@@ -1183,10 +1184,12 @@ def lr_burst_shifts(obs: Observations, history: int, config: object, segment: in
                    f"(x{burst_lr / before_lr:.3g} until step {int(steps[back])}): {level:.4g} -> {level + up:.4g}, "
                    f"{z:.1f} standard errors; " + ("still up at the last step" if lasting else
                                                      f"back by step {int(steps[end])}"))
+        paged = z >= cfg.lr_shift_z  # under it: noted (``lr_note_z``), not paged
         out.append(Finding(kind="spike", onset_step=int(steps[c]), end_step=int(steps[end]),
                            peak_step=int(steps[peak]), segment=segment,
-                           severity="critical" if lasting else "warning", self_recovered=not lasting,
-                           needs_action=lasting, evidence=evidence, message=message))
+                           severity=("critical" if lasting else "warning") if paged else "info",
+                           self_recovered=not lasting, needs_action=lasting and paged, evidence=evidence,
+                           message=message))
     return out
 
 

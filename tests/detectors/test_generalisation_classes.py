@@ -3533,3 +3533,28 @@ def test_118_a_jump_inside_an_excursion_pages_only_with_a_cause_of_its_own(lr_ra
     assert nested == [(603, "warning" if lr_raised else "info"), (678, "info")], report.findings
     assert report.rollback is None, report.rollback
     _streams_alike("f344831-142", steps, cols, report)
+
+
+# 119. A lift after an LR burst too weak to page on is noted: the LR column names the change point.
+
+@pytest.mark.parametrize("case", ["as_logged", "lifted", "no_burst"])
+def test_119_a_weak_lift_after_an_lr_burst_is_noted(case: str) -> None:
+    """Real CPU training (fresh seed 822603's run 016, steps 0-499, ``tests/fixtures/fresh``): fp16, batch 83, an LR
+    burst x15 over steps 270-273. The loss level over the 8 rows after it stands 0.315 above the 1.343 before:
+    3.8 standard errors, under the bar of 4 that pages (``lr_shift_z``), and no observation passes a spike's bar.
+    The labeller: a spike from 271 (4.3 of the twin's sigmas). Nothing was reported. Fails on de56eb8 (no finding).
+    Now an 'info' annotation at 271 (``lr_note_z``: 3), no advice. Guards: the same lift 0.08 higher (4.7 standard
+    errors) pages as before; the same rows with the LR left flat (no known change point) note nothing."""
+    steps, cols = _fresh_run("f822603-016")
+    if case == "lifted":
+        cols["loss"] = np.where((steps >= 271) & (steps < 279), cols["loss"] + 0.08, cols["loss"])
+    elif case == "no_burst":
+        cols["lr"] = np.where((steps >= 270) & (steps < 274), cols["lr"][269], cols["lr"])
+    report = _fresh_report_of("f822603-016", steps, cols)
+    found = [(f.onset_step, f.severity, f.evidence["rule"], f.evidence["shift_se"] >= DEFAULT.divergence.lr_shift_z)
+             for f in report.findings if f.kind == "spike"]
+    expected = {"as_logged": [(271, "info", "lr_burst_change_point", False)],
+                "lifted": [(271, "warning", "lr_burst_change_point", True)], "no_burst": []}[case]
+    assert found == expected, report.findings
+    assert report.rollback is None, report.rollback
+    _streams_alike("f822603-016", steps, cols, report)
