@@ -384,12 +384,14 @@ class SpikeScanner:
         level, scale, glevel, gscale, _ = (float(v[0]) for v in base)
         slope, span, floor = self.loss_base.slope(at)
         thr_l, thr_g = self._thresholds()
+        alarm_l = self.loss_base.tail_threshold(self.cfg.alarm_risk, self.tail_blocks)
         total = float(self.loss_base.total_scale(at, at + 1)[0])
         self.episode = Episode(onset=onset, trigger=trigger, rule=rule, end=trigger, frozen={
             "level": level, "scale": scale, "total": total if math.isfinite(total) else scale,
             "glevel": glevel, "gscale": gscale, "slope": slope, "span": span,
             "floor": min(floor, level),
-            "t0": float(self.coord.view[anchor]), "thr_loss": thr_l, "thr_grad": thr_g},
+            "t0": float(self.coord.view[anchor]), "thr_loss": thr_l, "thr_grad": thr_g,
+            "alarm_loss": max(thr_l, alarm_l) if math.isfinite(alarm_l) and thr_l > self.cfg.z_trigger else thr_l},
             data={"grad_led": led_by == 1 and rule == "shewhart", "loss_moved": self._loss_far(loss, onset, trigger + 1)})
         self.pos = trigger + 1
         self._noted = self.pos
@@ -865,8 +867,11 @@ def classify(sc: SpikeScanner, ep: Episode, obs: Observations) -> Finding | None
     # lone values past it in rebounds 150-250 steps long). A lone far value is an 'info' blip, and so is a
     # shift; together they are still two pieces of noise.
     far_wander = far & (zl_c > f["thr_loss"] * f["total"] / f["scale"])  # the bar in short-term sigmas (no overflow)
-    quiet = (cfg.corroborate_shifts and ep.rule != "shewhart" and _longest_run(far_wander) < cfg.persist_obs
-             and not grad_far and not lr_moved)
+    # An excursion a single observation opened pages on the loss alone once one passes the run's own tail at the
+    # budget's risk (``alarm_risk``); under it, like a shift only the CUSUM saw, it needs the LR or the norm behind it.
+    loss_alone = (_longest_run(far_wander) >= cfg.persist_obs if ep.rule != "shewhart"
+                  else bool(np.any(far & (zl_c > f["alarm_loss"]))))
+    quiet = cfg.corroborate_shifts and not loss_alone and not grad_far and not lr_moved
     if not persistent or (quiet and not costly) or (recovered is not False and lr_story["lr_scheduled"]):
         severity, needs = "info", False
     elif recovered is False or costly:
@@ -883,6 +888,7 @@ def classify(sc: SpikeScanner, ep: Episode, obs: Observations) -> Finding | None
         "rule": ep.rule, "baseline_loss": base, "loss_sigma": f["scale"], "trend_slope": f["slope"],
         "peak_loss": peak_loss, "loss_rise": None if peak_loss is None else peak_loss - base,
         "observations_out_of_band": num_out, "observations_far_out": num_far, "threshold_sigmas": f["thr_loss"],
+        "alarm_sigmas": f["alarm_loss"],
         "baseline_grad_norm": math.exp(f["glevel"]) if math.isfinite(f["glevel"]) else None,
         "peak_grad_norm": math.exp(peak_g) if math.isfinite(peak_g) else None,
         "grad_norm_ratio": (math.exp(float(np.nanmedian(lg)) - f["glevel"])
@@ -996,7 +1002,9 @@ def _message(ev: dict, onset_step: int, recovered: bool | None, loss_moved: bool
     else:
         text += "; not back to trend yet"
     if ev.get("uncorroborated") and not costly:
-        text += " (a small shift alone: no observation far out, the LR and gradient norm steady; noted, not paged)"
+        text += (" (a small shift alone: no observation far out" if ev["rule"] != "shewhart" else
+                 f" (inside this run's own tail: no observation past its paging bar of {ev['alarm_sigmas']:.3g} sigmas")
+        text += ", the LR and gradient norm steady; noted, not paged)"
     return text
 
 
