@@ -137,16 +137,17 @@ class SpikeConfig:
     """Per-observation risk at which the run's fitted residual tail sets the single-observation threshold:
     at most ~one annotation per 10^4 observations from noise alone on any run, light- or heavy-tailed."""
     alarm_risk: float = 1e-6
-    """Per-observation risk at which a heavy-tailed run's fitted tail sets the bar an excursion must pass to page on
-    the loss alone: DETECTION.md section 3's threshold at the budget's own risk, 10^-6 per observation
-    (``tail_risk`` opens and notes excursions). Under it, with neither the LR raised nor the gradient norm past its
-    bar, an excursion is noted ('info'), as a shift only the CUSUM saw is (``corroborate_shifts``). Only where the
+    """Per-observation risk at which a heavy-tailed run's fitted tail sets the bar an excursion a single observation
+    opened must pass to page on the loss alone: DETECTION.md section 3's threshold at the budget's own risk, 10^-6
+    per observation (``tail_risk`` opens and notes excursions). Under it, with neither the LR raised nor the gradient
+    norm past its bar nor ``persist_obs`` far values in a row against the wander (what pages a shift), an excursion
+    is noted ('info'), as a shift only the CUSUM saw is (``corroborate_shifts``). Only where the
     run's tail already raised the single-observation bar past ``z_trigger``: a Gumbel law fitted by moments to
     60 Gaussian maxima of 16 puts the 10^-6 point at 6.1 sigmas in the median, 6.7 one time in ten (the Gaussian's
     own is 4.75), and would mute a 7-sigma spike of a light-tailed run (test 38's). Until the tail is fitted
     (``tail_min_blocks``) the bar is the single-observation one. On the 20 looked-at fresh seeds of labels v11:
-    the clean twins' alarms 13 -> 9 in 1.89M healthy steps (small-batch natural spikes), the faulted runs' false
-    alarms 16 -> 13; 4 of 570 spike labels noted rather than paged, none lost, no advice changed."""
+    the clean twins' alarms 13 -> 10 in 1.89M healthy steps (small-batch natural spikes), the faulted runs' false
+    alarms 16 -> 14; 1 of 570 spike labels noted rather than paged, none lost, no advice changed."""
     cusum_k: float = 0.5
     """CUSUM reference value in sigmas: half the smallest sustained shift worth catching (1 sigma; Montgomery)."""
     cusum_h: float = 24.0
@@ -285,7 +286,7 @@ class DivergenceConfig:
     annotation outside the alarm budget: the burst is in the LR column and the loss answered it, too weakly to
     page on. The same null as ``lr_shift_z``'s (``bench/change_point_null.py``, 32,452 looks on the clean twins of
     fourteen fresh seeds) passes 3 standard errors 2.60% of the time (4: 1.09%), so a burst that harmed nothing
-    is noted about once in 40. On the 20 looked-at fresh seeds of labels v11 it finds 7 of the 21 bursts missed,
+    is noted about once in 66 (and paged once in 90, as before). On the 20 looked-at fresh seeds of labels v11 it finds 7 of the 21 bursts missed,
     lifting the loss 3.0-3.8 standard errors, and notes 6 bursts the labeller labels nothing at."""
     lr_shift_obs: int = 8
     """Observations after the rise before the test speaks (one block; the level after is their median)."""

@@ -868,9 +868,10 @@ def classify(sc: SpikeScanner, ep: Episode, obs: Observations) -> Finding | None
     # shift; together they are still two pieces of noise.
     far_wander = far & (zl_c > f["thr_loss"] * f["total"] / f["scale"])  # the bar in short-term sigmas (no overflow)
     # An excursion a single observation opened pages on the loss alone once one passes the run's own tail at the
-    # budget's risk (``alarm_risk``); under it, like a shift only the CUSUM saw, it needs the LR or the norm behind it.
-    loss_alone = (_longest_run(far_wander) >= cfg.persist_obs if ep.rule != "shewhart"
-                  else bool(np.any(far & (zl_c > f["alarm_loss"]))))
+    # budget's risk (``alarm_risk``), or as a shift does; under both, it needs the LR or the norm behind it. A jump
+    # that stays up has far values in a row against the wander too (a review's 3x lift on test 120's twin: critical).
+    loss_alone = _longest_run(far_wander) >= cfg.persist_obs or (
+        ep.rule == "shewhart" and bool(np.any(far & (zl_c > f["alarm_loss"]))))
     quiet = cfg.corroborate_shifts and not loss_alone and not grad_far and not lr_moved
     if not persistent or (quiet and not costly) or (recovered is not False and lr_story["lr_scheduled"]):
         severity, needs = "info", False
