@@ -286,8 +286,9 @@ class DivergenceConfig:
     annotation outside the alarm budget: the burst is in the LR column and the loss answered it, too weakly to
     page on. The same null as ``lr_shift_z``'s (``bench/change_point_null.py``, 32,452 looks on the clean twins of
     fourteen fresh seeds) passes 3 standard errors 2.60% of the time (4: 1.09%), so a burst that harmed nothing
-    is noted about once in 66 (and paged once in 90, as before). On the 20 looked-at fresh seeds of labels v11 it finds 7 of the 21 bursts missed,
-    lifting the loss 3.0-3.8 standard errors, and notes 6 bursts the labeller labels nothing at."""
+    is noted about once in 66 (and paged once in 90, as before). On the 20 looked-at fresh seeds of labels v11 it
+    finds 7 of the 21 bursts missed, lifting the loss 3.0-3.8 standard errors, and notes 6 bursts the labeller
+    labels nothing at."""
     lr_shift_obs: int = 8
     """Observations after the rise before the test speaks (one block; the level after is their median)."""
     lr_shift_windows: tuple[int, ...] = (1, 2, 4, 8)
