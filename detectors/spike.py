@@ -384,14 +384,16 @@ class SpikeScanner:
         level, scale, glevel, gscale, _ = (float(v[0]) for v in base)
         slope, span, floor = self.loss_base.slope(at)
         thr_l, thr_g = self._thresholds()
-        alarm_l = self.loss_base.tail_threshold(self.cfg.alarm_risk, self.tail_blocks)
+        # The paging bar: the tail's 1e-6 point where the tail raised the opening bar (so it is fitted), else that bar.
+        alarm_l = (max(thr_l, self.loss_base.tail_threshold(self.cfg.alarm_risk, self.tail_blocks))
+                   if thr_l > self.cfg.z_trigger else thr_l)
         total = float(self.loss_base.total_scale(at, at + 1)[0])
         self.episode = Episode(onset=onset, trigger=trigger, rule=rule, end=trigger, frozen={
             "level": level, "scale": scale, "total": total if math.isfinite(total) else scale,
             "glevel": glevel, "gscale": gscale, "slope": slope, "span": span,
             "floor": min(floor, level),
             "t0": float(self.coord.view[anchor]), "thr_loss": thr_l, "thr_grad": thr_g,
-            "alarm_loss": max(thr_l, alarm_l) if math.isfinite(alarm_l) and thr_l > self.cfg.z_trigger else thr_l},
+            "alarm_loss": alarm_l},
             data={"grad_led": led_by == 1 and rule == "shewhart", "loss_moved": self._loss_far(loss, onset, trigger + 1)})
         self.pos = trigger + 1
         self._noted = self.pos

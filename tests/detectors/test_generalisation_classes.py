@@ -844,9 +844,12 @@ def _fresh_report_of(name: str, steps: np.ndarray, cols: dict[str, np.ndarray]) 
                                                                       .read_text())))
 
 
-def _streams_alike(name: str, steps: np.ndarray, cols: dict[str, np.ndarray], report: Report) -> None:
-    """The same rows fed one at a time to ``StreamingAnalyzer`` (with run ``name``'s checkpoints) read ``report``."""
-    live = StreamingAnalyzer(events_table(json.loads((FIXTURES / "fresh" / f"{name}-checkpoints.json").read_text())))
+def _streams_alike(name: str | None, steps: np.ndarray, cols: dict[str, np.ndarray], report: Report) -> None:
+    """The same rows fed one at a time to ``StreamingAnalyzer`` (with run ``name``'s checkpoints, none for None) read
+    ``report``."""
+    events = None if name is None else events_table(
+        json.loads((FIXTURES / "fresh" / f"{name}-checkpoints.json").read_text()))
+    live = StreamingAnalyzer(events)
     for row in rows_table(steps, **cols).to_pylist():
         live.update(row)
     assert live.report().findings == report.findings
@@ -3600,7 +3603,4 @@ def test_120_a_spike_inside_a_heavy_tailed_runs_own_tail_is_noted(case: str) -> 
     bar = spike.evidence["alarm_sigmas"]
     assert bar > 9 if case != "light_tail" else bar == DEFAULT.spike.z_trigger, bar
     assert ("its paging bar of 9.24 sigmas" in spike.message) == (case == "twin"), spike.message
-    live = StreamingAnalyzer(None)
-    for row in rows_table(steps, **cols).to_pylist():
-        live.update(row)
-    assert live.report().findings == report.findings
+    _streams_alike(None, steps, cols, report)
