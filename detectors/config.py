@@ -219,10 +219,16 @@ class SpikeConfig:
     count: the loss 50% above the median of the earlier observations..."""
     cold_grad_ratio: float = 2.0
     """...with the gradient norm (when logged) at least doubled: a per-batch loss bump rarely moves both."""
+    cold_spread_obs: int = 8
+    """...unless the last observations before it (up to 16, a resumed segment's parent's included) show a wider
+    spread: from this many on, the cold scale is at least their noise sigma (the MAD of their first differences,
+    ``spike.cold_spread``). The MAD of 7 differences has a relative standard error of about 1.17 / sqrt(7), 44%;
+    fewer say little."""
     def __post_init__(self) -> None:
         _check(0 < self.z_band < self.z_trigger, "need 0 < z_band < z_trigger")
         _check(0 < self.tail_risk < 0.01, "tail_risk must be in (0, 0.01)")
         _check(0 < self.alarm_risk <= self.tail_risk, "need 0 < alarm_risk <= tail_risk")
+        _check(self.cold_spread_obs >= 3, "cold_spread_obs must be >= 3")
         _check(self.cusum_k > 0 and self.cusum_h > 0, "cusum_k and cusum_h must be > 0")
         _check(self.burst_k > self.cusum_k and self.burst_h > 0, "need burst_k > cusum_k and burst_h > 0")
         _check(self.persist_obs >= 1 and self.recovery_obs >= 1 and self.patience_obs >= 1, "counts must be >= 1")

@@ -41,6 +41,7 @@ from runwatch.detectors.core import (
     Episode,
     Grow,
     LastZeros,
+    block_stats,
     cusum,
     first_run,
     nan_low,
@@ -141,7 +142,10 @@ class SpikeScanner:
             for i in np.flatnonzero(~warm) + lo:
                 # Cold: the median of the last observations (as many as the level's window), with a scale that
                 # puts z_trigger at a gross rise, so only what a person sees at once counts before a noise model
-                # exists (recent ones: a warm-up's norms climb far from the first observations' median).
+                # exists (recent ones: a warm-up's norms climb far from the first observations' median); or the
+                # spread the last observations already show, where it is wider (``cold_spread``): a 50% rise is a
+                # batch-2 run's everyday noise. The noise carries over a resume (its parent's rows count); the
+                # level is the segment's own.
                 for x, lv, sc, log in ((loss, level, scale, False), (self.log_grad.view, glevel, gscale, True)):
                     prior = x[max(self.ctx.history, i - self.cold_window):i]
                     prior = prior[np.isfinite(prior)]
@@ -149,7 +153,9 @@ class SpikeScanner:
                         m = float(np.median(prior))
                         lv[i - lo] = m
                         rise = math.log(cfg.cold_grad_ratio) if log else cfg.cold_loss_rise * abs(m)
-                        sc[i - lo] = max(rise, 1e-12) / cfg.z_trigger
+                        near = x[max(0, i - self.cold_window):i]
+                        spread = cold_spread(near[np.isfinite(near)], cfg.cold_spread_obs)
+                        sc[i - lo] = max(rise / cfg.z_trigger, spread, 1e-12)
         return level, scale, glevel, gscale, warm
 
     def _frozen_baselines(self, loss: np.ndarray, lo: int, n: int) -> tuple[np.ndarray, ...]:
@@ -934,6 +940,17 @@ def patience_ran_out(steps: np.ndarray, onset: int, n: int, last_out: int, cfg: 
         return None
     late = np.flatnonzero(steps[first:n] - steps[onset] >= cfg.patience_obs)
     return first + int(late[0]) if len(late) else None
+
+
+def cold_spread(prior: np.ndarray, min_obs: int) -> float:
+    """The noise sigma of a cold baseline's observations (``SpikeScanner._baselines``): their first differences' MAD
+    over sqrt(2), as a block's (``core.block_stats``), so a warm-up's fall within them is not read as noise; 0 with
+    fewer than ``min_obs``. Before a noise model exists a page wants a gross rise, but a rise within the
+    spread of the rows it is judged against is their noise however gross (fresh seed 344831's run 130, batch 2
+    every 5 steps: the loss 2.0-5.9 over the 16 rows before 5.95, a rise of 74% read as a spike never back)."""
+    if len(prior) < min_obs:
+        return 0.0
+    return float(block_stats(prior[None, :], detrend=True)[1][0])
 
 
 def _longest_run(mask: np.ndarray) -> int:
