@@ -220,10 +220,11 @@ class SpikeConfig:
     cold_grad_ratio: float = 2.0
     """...with the gradient norm (when logged) at least doubled: a per-batch loss bump rarely moves both."""
     cold_spread_obs: int = 8
-    """...unless the last observations before it (up to 16, a resumed segment's parent's included) show a wider
-    spread: from this many on, the cold scale is at least their noise sigma (the MAD of their first differences,
-    ``spike.cold_spread``). The MAD of 7 differences has a relative standard error of about 1.17 / sqrt(7), 44%;
-    fewer say little."""
+    """...unless the last observations before it (up to 16, the level's window; a resumed segment's parent's
+    included, where its seeded history is too short to warm the baseline) show a wider spread: from this many on,
+    the cold scale is at least their noise sigma (1.4826 x the MAD of their first differences over sqrt(2),
+    ``spike.cold_spread``). On Gaussian noise that estimate's relative standard deviation is about 50% from 8
+    observations and 33% from 16 (simulated); from fewer it says little."""
     def __post_init__(self) -> None:
         _check(0 < self.z_band < self.z_trigger, "need 0 < z_band < z_trigger")
         _check(0 < self.tail_risk < 0.01, "tail_risk must be in (0, 0.01)")
@@ -649,6 +650,11 @@ class DetectorConfig:
     straggler: StragglerConfig = field(default_factory=StragglerConfig)
     disagreement: DisagreementConfig = field(default_factory=DisagreementConfig)
     advice: AdviceConfig = field(default_factory=AdviceConfig)
+
+    def __post_init__(self) -> None:
+        window = self.baseline.level_block * self.baseline.level_window
+        _check(self.spike.cold_spread_obs <= window,
+               f"spike.cold_spread_obs must be <= the cold level's window ({window} observations)")
 
 
 DEFAULT = DetectorConfig()

@@ -37,6 +37,7 @@ import numpy as np
 
 from runwatch.detectors.config import LRConfig, SpikeConfig
 from runwatch.detectors.core import (
+    MAD_TO_SIGMA,
     BlockBaseline,
     Episode,
     Grow,
@@ -943,14 +944,14 @@ def patience_ran_out(steps: np.ndarray, onset: int, n: int, last_out: int, cfg: 
 
 
 def cold_spread(prior: np.ndarray, min_obs: int) -> float:
-    """The noise sigma of a cold baseline's observations (``SpikeScanner._baselines``): their first differences' MAD
-    over sqrt(2), as a block's (``core.block_stats``), so a warm-up's fall within them is not read as noise; 0 with
-    fewer than ``min_obs``. Before a noise model exists a page wants a gross rise, but a rise within the
+    """The noise sigma of the observations before a cold row (``SpikeScanner._baselines``): 1.4826 x their first
+    differences' MAD over sqrt(2), as a block's (``core.block_stats``), so a warm-up's fall within them is not read as
+    noise; 0 with fewer than ``min_obs``. Before a noise model exists a page wants a gross rise, but a rise within the
     spread of the rows it is judged against is their noise however gross (fresh seed 344831's run 130, batch 2
     every 5 steps: the loss 2.0-5.9 over the 16 rows before 5.95, a rise of 74% read as a spike never back)."""
     if len(prior) < min_obs:
         return 0.0
-    return float(block_stats(prior[None, :], detrend=True)[1][0])
+    return MAD_TO_SIGMA * float(block_stats(prior[None, :], detrend=True)[1][0])
 
 
 def _longest_run(mask: np.ndarray) -> int:
