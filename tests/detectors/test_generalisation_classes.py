@@ -113,10 +113,7 @@ def test_3_streaming_equals_offline_when_a_grad_led_episode_outlasts_the_patienc
     grad = grad_curve(n)
     grad[onset:onset + length] *= 6.0
     rows = rows_table(steps, loss=loss_curve(n, noise=0.02), grad_norm=grad)
-    live = StreamingAnalyzer(None)
-    for row in rows.drop_columns(["main"]).to_pylist():
-        live.update(row)
-    assert live.report().findings == analyze(rows).findings
+    _table_streams_alike(rows, None, analyze(rows).findings)
 
 
 # 4. peak_loss is None, not NaN, when the episode saw no finite loss (257a1e9).
@@ -855,10 +852,16 @@ def _streams_alike(name: str | None, steps: np.ndarray, cols: dict[str, np.ndarr
     ``report``."""
     events = None if name is None else events_table(
         json.loads((FIXTURES / "fresh" / f"{name}-checkpoints.json").read_text()))
+    _table_streams_alike(rows_table(steps, **cols), events, report.findings)
+
+
+def _table_streams_alike(rows: pa.Table, events: pa.Table | None, findings: list[Finding]) -> None:
+    """``rows`` fed one at a time to ``StreamingAnalyzer`` (as a monitor writes them: without the store's ``main``
+    column) with ``events`` read ``findings``."""
     live = StreamingAnalyzer(events)
-    for row in rows_table(steps, **cols).to_pylist():
+    for row in (rows.drop_columns(["main"]) if "main" in rows.column_names else rows).to_pylist():
         live.update(row)
-    assert live.report().findings == report.findings
+    assert live.report().findings == findings
 
 
 # 26. The schedule's warm restart inside an excursion is not the LR jump that caused it.
@@ -996,10 +999,7 @@ def test_31_two_bad_batches_close_together_are_two_spikes_but_a_slow_recovery_st
     report = analyze(rows_table(steps, loss=blips, grad_norm=grad_curve(n)))
     spikes = [(f.onset_step, f.end_step, f.severity) for f in report.findings if f.kind == "spike"]
     assert spikes == [(2511, 2511, "info"), (2534, 2534, "info")], spikes
-    live = StreamingAnalyzer(None)
-    for row in rows_table(steps, loss=blips, grad_norm=grad_curve(n)).drop_columns(["main"]).to_pylist():
-        live.update(row)
-    assert live.report().findings == report.findings
+    _table_streams_alike(rows_table(steps, loss=blips, grad_norm=grad_curve(n)), None, report.findings)
     slow = loss.copy()
     slow[2500:2506] += 12 * sigma
     slow[2518:2521] += 12 * sigma
@@ -1089,10 +1089,7 @@ def test_34_a_bad_batch_in_the_ragged_tail_of_an_excursion_is_a_spike_of_its_own
     report = analyze(rows_table(steps, loss=loss, grad_norm=grad))
     spikes = [(f.onset_step, f.severity) for f in report.findings if f.kind == "spike"]
     assert spikes == [(2000, "warning"), (2106, "warning")], spikes
-    live = StreamingAnalyzer(None)
-    for row in rows_table(steps, loss=loss, grad_norm=grad).drop_columns(["main"]).to_pylist():
-        live.update(row)
-    assert live.report().findings == report.findings
+    _table_streams_alike(rows_table(steps, loss=loss, grad_norm=grad), None, report.findings)
     steps, loss, grad = _burst_then_bad_batch(seed, grad_held=True)
     held = [f for f in analyze(rows_table(steps, loss=loss, grad_norm=grad)).findings if f.kind == "spike"]
     assert [(f.onset_step, f.end_step >= 2108, f.evidence["rule"]) for f in held] == [
@@ -1999,10 +1996,7 @@ def test_68_a_bad_batch_in_an_lr_bursts_slow_tail_is_its_own_spike() -> None:
     assert all(f.kind == "spike" and f.severity == "info" and not f.needs_action and
                outer.onset_step < f.onset_step <= outer.end_step for f in nested), nested
     assert "inside the excursion open since step 331" in nested[0].message
-    live = StreamingAnalyzer(None)
-    for row in rows_table(steps, **cols).drop_columns(["main"]).to_pylist():
-        live.update(row)
-    assert live.report().findings == report.findings
+    _table_streams_alike(rows_table(steps, **cols), None, report.findings)
 
 
 @pytest.mark.parametrize("shape", ["decay", "thrash"])
@@ -2071,10 +2065,7 @@ def test_70_a_second_skip_burst_after_the_first_is_over_is_a_collapse_of_its_own
     collapses = [f for f in report.findings if f.kind == "scaler_collapse"]
     assert [(f.onset_step, f.self_recovered) for f in collapses] == [(120, False), (224, False)], collapses
     assert collapses[1].evidence["below_floor"] and not collapses[0].evidence["below_floor"]
-    live = StreamingAnalyzer(None)
-    for row in rows_table(steps, **cols).drop_columns(["main"]).to_pylist():
-        live.update(row)
-    assert live.report().findings == report.findings
+    _table_streams_alike(rows_table(steps, **cols), None, report.findings)
 
 
 @pytest.mark.parametrize("skipped, first, last, now, over", [
@@ -2118,10 +2109,7 @@ def test_71_a_wander_judged_normal_stays_in_the_slowdown_baseline() -> None:
     report = analyze(rows_table(steps, **slowed))
     [slow] = [f for f in _alarms(report) if f.kind == "slowdown"]
     assert (slow.onset_step, slow.end_step) == (400, 479) and 1.8 <= slow.evidence["rise"] <= 3.0, slow
-    live = StreamingAnalyzer(None)
-    for row in rows_table(steps, **slowed).drop_columns(["main"]).to_pylist():
-        live.update(row)
-    assert live.report().findings == report.findings
+    _table_streams_alike(rows_table(steps, **slowed), None, report.findings)
 
 
 # 72. A scaler at its ceiling with a short growth interval skips once an interval: its healthy rate.
@@ -2389,10 +2377,8 @@ def test_80_a_short_bad_batch_after_a_drift_is_dated_at_the_batch() -> None:
     report = analyze(rows_table(steps, **cols))
     [spike] = [f for f in report.findings if f.kind in ("spike", "divergence")]
     assert (spike.kind, spike.onset_step, spike.evidence["rule"]) == ("spike", 401, "burst"), spike
-    live = StreamingAnalyzer(None)  # the CUSUMs' sums and zeros carry over between passes: the same choice
-    for row in rows_table(steps, **cols).drop_columns(["main"]).to_pylist():
-        live.update(row)
-    assert live.report().findings == report.findings
+    # The CUSUMs' sums and zeros carry over between passes: the same choice.
+    _table_streams_alike(rows_table(steps, **cols), None, report.findings)
 
 
 @pytest.mark.parametrize("shift", [0.06, 0.09])
@@ -3334,10 +3320,7 @@ def test_111_a_resume_onto_a_slow_node_is_slower_than_before_it(seed: int, slowe
         [found] = slow
         assert (found.segment, found.self_recovered) == (1, True) and 602 <= found.onset_step <= 610, found
         assert found.end_step == 800 and found.evidence["rise"] > 0.8, found
-    live = StreamingAnalyzer(events)
-    for row in rows.drop_columns(["main"]).to_pylist():
-        live.update(row)
-    assert live.report().findings == report.findings
+    _table_streams_alike(rows, events, report.findings)
 
 
 # 112. The LR levels a resumed run trained at reach back along its main line to the run's start.
@@ -3369,10 +3352,7 @@ def test_112_a_warm_restart_to_a_peak_held_before_the_resumes_history_is_the_sch
     else:
         [div] = paged
         assert (div.kind, div.segment, div.onset_step, div.needs_action) == ("divergence", 1, 965, True), div
-    live = StreamingAnalyzer(events)
-    for row in rows.drop_columns(["main"]).to_pylist():
-        live.update(row)
-    assert live.report().findings == report.findings
+    _table_streams_alike(rows, events, report.findings)
 
 
 # 113. A climb refuses checkpoints as OPT's precursor only where the loss is shown to have bought nothing.
@@ -3640,10 +3620,7 @@ def test_121_a_cold_rise_within_the_rows_own_spread_is_no_spike(case: str) -> No
         events = events_table(json.loads((FIXTURES / "fresh" / "f937395-011-events.json").read_text()))
         report = analyze(rows, events)
         assert _alarms(report, "spike") == [] and report.rollback is None, report.findings
-        live = StreamingAnalyzer(events)
-        for row in rows.drop_columns(["main"]).to_pylist():
-            live.update(row)
-        assert live.report().findings == report.findings
+        _table_streams_alike(rows, events, report.findings)
         return
     steps, cols = _fresh_run("f344831-130")
     if case == "gross":
