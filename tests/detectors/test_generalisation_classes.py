@@ -835,10 +835,15 @@ def _fresh_report(name: str) -> Report:
     return _fresh_report_of(name, *_fresh_run(name))
 
 
+def _fresh_events(file: str) -> pa.Table:
+    """The events kept beside a fresh run in ``tests/fixtures/fresh`` (``<name>-checkpoints.json`` or ``-events.json``)
+    as a table."""
+    return events_table(json.loads((FIXTURES / "fresh" / file).read_text()))
+
+
 def _fresh_report_of(name: str, steps: np.ndarray, cols: dict[str, np.ndarray]) -> Report:
     """``analyze`` of ``steps``/``cols`` (a fresh run's, perhaps changed) with the checkpoints of run ``name``."""
-    return analyze(rows_table(steps, **cols), events_table(json.loads((FIXTURES / "fresh" / f"{name}-checkpoints.json")
-                                                                      .read_text())))
+    return analyze(rows_table(steps, **cols), _fresh_events(f"{name}-checkpoints.json"))
 
 
 def _lr_story_of(steps: np.ndarray, lr: np.ndarray, onset: int, end: int, peak: int) -> dict:
@@ -850,8 +855,7 @@ def _lr_story_of(steps: np.ndarray, lr: np.ndarray, onset: int, end: int, peak: 
 def _streams_alike(name: str | None, steps: np.ndarray, cols: dict[str, np.ndarray], report: Report) -> None:
     """The same rows fed one at a time to ``StreamingAnalyzer`` (with run ``name``'s checkpoints, none for None) read
     ``report``."""
-    events = None if name is None else events_table(
-        json.loads((FIXTURES / "fresh" / f"{name}-checkpoints.json").read_text()))
+    events = None if name is None else _fresh_events(f"{name}-checkpoints.json")
     _table_streams_alike(rows_table(steps, **cols), events, report.findings)
 
 
@@ -1400,8 +1404,8 @@ def test_46_an_lr_ramp_on_a_decaying_schedule_begins_where_it_left_the_schedule(
     (``LRConfig.kink``): the onset is the first row past that step, and the advice precedes it. Fails on efb33c0
     (onsets 790 and 1175, checkpoints 782 and 1144)."""
     steps, cols = _fresh_run(name)
-    events = json.loads((FIXTURES / "fresh" / f"{name}-checkpoints.json").read_text())
-    report = analyze(rows_table(steps, **cols), events_table(events))
+    events = _fresh_events(f"{name}-checkpoints.json")
+    report = analyze(rows_table(steps, **cols), events)
     [div] = [f for f in report.findings if f.needs_action]
     assert (div.kind, div.onset_step, div.evidence["lr_rise_step"]) == ("divergence", onset, onset), div
     assert report.rollback is not None and report.rollback.checkpoint_step == checkpoint, report.rollback
@@ -1657,8 +1661,8 @@ def test_55_a_precursor_with_the_loss_rising_pages_where_the_loss_finding_is_onl
     the loss rose through the climb) left the run with no alarm and no advice. The norms are the corroboration:
     a critical divergence from the climb, 'the loss rising with them', and checkpoint 150. Fails on 8c550cc."""
     steps, cols = _fresh_run("dev-divergence-05")
-    events = json.loads((FIXTURES / "fresh" / "dev-divergence-05-checkpoints.json").read_text())
-    report = analyze(rows_table(steps, **cols), events_table(events))
+    events = _fresh_events("dev-divergence-05-checkpoints.json")
+    report = analyze(rows_table(steps, **cols), events)
     [div] = [f for f in report.findings if f.kind in ("spike", "divergence")]
     assert (div.kind, div.severity) == ("divergence", "critical") and 185 <= div.onset_step <= 200, div
     assert "the loss rising with them" in div.message and div.evidence["loss_moved"], div
@@ -1697,8 +1701,8 @@ def test_57_a_coarse_logs_last_warm_up_row_is_no_lr_step_up() -> None:
     story = _lr_story_of(steps, cols["lr"], 425, 575, 425)
     assert story["lr_step_up_step"] is None and not story["lr_raised"], story
     steps, cols = _fresh_run("f118218-090")
-    events = json.loads((FIXTURES / "fresh" / "f118218-090-checkpoints.json").read_text())
-    [div] = [f for f in analyze(rows_table(steps, **cols), events_table(events)).findings if f.kind == "divergence"]
+    events = _fresh_events("f118218-090-checkpoints.json")
+    [div] = [f for f in analyze(rows_table(steps, **cols), events).findings if f.kind == "divergence"]
     assert (div.severity, div.onset_step, div.evidence["lr_step_up_step"]) == ("critical", 90, 90), div
 
 
@@ -1816,8 +1820,8 @@ def test_63_an_lr_raised_inside_an_unrecovered_spike_is_a_divergence_of_its_own(
     raise's first consequence, beside the spike, never absorbed into it; the rollback still precedes the spike.
     Fails on 89b32f9."""
     steps, cols = _fresh_run("f402220-077")
-    events = json.loads((FIXTURES / "fresh" / "f402220-077-checkpoints.json").read_text())
-    report = analyze(rows_table(steps, **cols), events_table(events))
+    events = _fresh_events("f402220-077-checkpoints.json")
+    report = analyze(rows_table(steps, **cols), events)
     loss = sorted((f for f in report.findings if f.kind in ("spike", "divergence") and f.severity != "info"),
                   key=lambda f: f.onset_step)
     assert [(f.kind, f.onset_step, f.self_recovered) for f in loss] == [("spike", 323, False), ("divergence", 449, False)]
@@ -1864,8 +1868,8 @@ def test_64_an_lr_ramp_held_up_at_the_end_is_still_raised_and_a_divergence(name:
     from where the LR left its path, advice before it (run 146 advised 1495 before, inside the ramp). Fails on
     HEAD~1. Run 146's checkpoint 1300 is the last row of the old LR, clean since test 99 (1235 before)."""
     steps, cols = _fresh_run(name)
-    events = json.loads((FIXTURES / "fresh" / f"{name}-checkpoints.json").read_text())
-    report = analyze(rows_table(steps, **cols), events_table(events))
+    events = _fresh_events(f"{name}-checkpoints.json")
+    report = analyze(rows_table(steps, **cols), events)
     loss = [f for f in report.findings if f.kind in ("spike", "divergence") and f.severity != "info"]
     assert [(f.kind, f.onset_step) for f in loss] == [("divergence", onset)], loss
     assert loss[0].evidence["lr_still_raised"] and "still up" in loss[0].message, loss[0].message
@@ -2220,11 +2224,11 @@ def test_75_a_norm_climb_dated_before_the_burst_inside_it_begins_with_the_burst(
     run with both norms made to climb x1.004-1.008 a step from 400 or 450 up to the burst keeps that precursor as
     the onset, as before. Fails on HEAD~1 (onset 490, checkpoint 470)."""
     steps, cols = _fresh_run("f142542-050")
-    events = json.loads((FIXTURES / "fresh" / "f142542-050-checkpoints.json").read_text())
+    events = _fresh_events("f142542-050-checkpoints.json")
     if climb_from is not None:
         lift = np.where(steps >= climb_from, rate ** (np.minimum(steps, 690) - climb_from), 1.0)
         cols = {**cols, "grad_norm": cols["grad_norm"] * lift, "act_norm": cols["act_norm"] * lift}
-    report = analyze(rows_table(steps, **cols), events_table(events))
+    report = analyze(rows_table(steps, **cols), events)
     [div] = _alarms(report)
     assert (div.kind, div.severity) == ("divergence", "critical"), div
     if climb_from is None:
@@ -3342,7 +3346,7 @@ def test_112_a_warm_restart_to_a_peak_held_before_the_resumes_history_is_the_sch
     seg = cols.pop("segment").astype(int)
     cols["lr"] = np.where((seg == 1) & (steps >= 964), raised * cols["lr"], cols["lr"])
     rows = rows_table(steps, seg, **cols)
-    events = events_table(json.loads((FIXTURES / "fresh" / "f141563-112-twin-events.json").read_text()))
+    events = _fresh_events("f141563-112-twin-events.json")
     report = analyze(rows, events)
     paged = [f for f in _alarms(report) if f.kind in ("spike", "divergence")]
     if raised == 1.0:
@@ -3378,7 +3382,7 @@ def test_113_a_climb_the_noisy_loss_fell_through_refuses_no_checkpoint(stalled: 
         cols["loss"] = np.where(climb, level + 0.05 * (cols["loss"] - fit), cols["loss"])
     # The main line from the resume event (``rows_table`` cuts at segment 1's first step, keeping the NaN branch).
     report = analyze(rows_table(steps, seg, **cols).drop_columns(["main"]),
-                     events_table(json.loads((FIXTURES / "fresh" / "f199657-117-events.json").read_text())))
+                     _fresh_events("f199657-117-events.json"))
     [collapse] = [f for f in report.findings if f.needs_action and f.open]
     assert (collapse.kind, collapse.segment, collapse.onset_step) == ("scaler_collapse", 1, 231), collapse
     rb = report.rollback
@@ -3617,7 +3621,7 @@ def test_121_a_cold_rise_within_the_rows_own_spread_is_no_spike(case: str) -> No
         steps, cols = _fresh_run("f937395-011")
         seg = cols.pop("segment").astype(int)
         rows = rows_table(steps, seg, **cols)
-        events = events_table(json.loads((FIXTURES / "fresh" / "f937395-011-events.json").read_text()))
+        events = _fresh_events("f937395-011-events.json")
         report = analyze(rows, events)
         assert _alarms(report, "spike") == [] and report.rollback is None, report.findings
         _table_streams_alike(rows, events, report.findings)
