@@ -168,7 +168,8 @@ def merge_overlaps(findings: list[Finding], cfg: DetectorConfig = DEFAULT) -> li
     (``_seen_first``), merge into it (earliest onset), unless the first was a
     jump (``_a_jump``): then the incident is that unrecovered spike. A climb
     that began after an unrecovered finding was confirmed is a new development
-    beside it, and so is an LR raised off the schedule inside it (a second cause). A 'divergence' that came back
+    beside it, and so is an LR raised off the schedule inside it (a second cause, which absorbs nothing; one whose
+    first consequence is where the excursion itself begins is its cause). A 'divergence' that came back
     down inside a spike was that spike.
     A NaN after a divergence stays its own finding: it changes the advice
     (BF16, data) and marks the point of no return; a scaler collapse that
@@ -205,8 +206,8 @@ def merge_overlaps(findings: list[Finding], cfg: DetectorConfig = DEFAULT) -> li
     out = [f for f in out
            if not (f.kind == "spike" and _a_slow_rise(f) and any(_began_inside(f, c) for c in collapses))]
     for d in sorted([f for f in out if f.kind == "divergence"], key=lambda f: f.onset_step):
-        if d not in out:
-            continue
+        if d not in out or d.evidence.get("rule") == "lr_raise_inside":
+            continue  # a second cause stands beside the excursion it came inside: it absorbs nothing
         # An LR raised off the schedule inside it is a cause of its own (``lr_raise_inside``), never absorbed.
         others = [o for o in out if o is not d and o.kind in LOSS_KINDS and overlaps(d, o)
                   and o.evidence.get("rule") != "lr_raise_inside"]
@@ -225,7 +226,10 @@ def merge_overlaps(findings: list[Finding], cfg: DetectorConfig = DEFAULT) -> li
         merged = dataclasses.replace(d, onset_step=min([d.onset_step] + [o.onset_step for o in absorbed]),
                                      end_step=max([d.end_step] + [o.end_step for o in absorbed]))
         out[out.index(d)] = merged
-    return out
+    # A raise whose first consequence is where an excursion already begins is that excursion's cause, not a second
+    # one (test 14a: a noisy row opened it five rows before the raise that threw it, and its onset moved there).
+    return [f for f in out if not (f.evidence.get("rule") == "lr_raise_inside" and any(
+        o is not f and o.kind in LOSS_KINDS and o.segment == f.segment and o.onset_step == f.onset_step for o in out))]
 
 
 def mark_open(findings: list[Finding], segments: list[SegmentInfo], main_steps: np.ndarray,

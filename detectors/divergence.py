@@ -348,7 +348,12 @@ def lr_rise_start(steps: np.ndarray, lr: np.ndarray, onset: int, lrc: LRConfig, 
             return None
         if k >= top or not lr[idx[top]] >= lrc.raise_factor * lr[low] * steps_down:  # no rise: off the path?
             ramp = off_path_rise(steps[idx], lr[idx], at, len(idx) - 1, lrc)
-            return None if ramp is None else int(idx[ramp])
+            # A warm restart steps log LR's slope as a ramp's first update does, and is the schedule (fresh seed
+            # 884729's run 077, cosine with restarts: the restart at 1593 read as a ramp inside a burst's spike).
+            if ramp is None or warm_restart(lr[idx], ramp - 1, ramp, trained_level(
+                    steps[idx[:ramp]], lr[idx[:ramp]], lrc, trained_lr), lrc):
+                return None
+            return int(idx[ramp])
         first = int(idx[k + 1])
         if warm_restart(lr, low, first, trained_level(steps[:low + 1], lr[:low + 1], lrc, trained_lr), lrc):
             lo = first  # a warm restart: look for a rise after it
@@ -1078,8 +1083,9 @@ def lifted_before(values: np.ndarray, onset: int, first: int, growth_z: float) -
 
 def lr_raise_inside(obs: Observations, excursion: Finding, confirmed: int, history: int, config: object,
                     trained_lr: float = -np.inf) -> Finding | None:
-    """A second cause inside an unrecovered loss excursion: the LR raised off the schedule (``lr_raised_since``) after
-    the excursion was confirmed (row ``confirmed``), and still up at the last row.
+    """A second cause inside an unrecovered loss excursion: the LR raised off the schedule (``lr_raised_since``), or
+    a ramp lifting it off the schedule's path while the logged LR still falls (``lr_rise_start`` read into the last
+    row: ``off_path_rise``), after the excursion was confirmed (row ``confirmed``), and still up at the last row.
 
     The two-median test of ``lr_level_shift`` cannot see it: the level before the raise is the excursion's own, so
     the loss has no lift left to show. The LR column shows the cause itself, and a run cannot come back while an LR
@@ -1087,10 +1093,14 @@ def lr_raise_inside(obs: Observations, excursion: Finding, confirmed: int, histo
     of its own beside the excursion (the rollback still precedes the excursion, the earliest problem). A healthy
     run has no unrecovered excursion to test, so the false-alarm budget is untouched (fresh seed 402220's run 077:
     an LR burst's spike never came back, and the LR then grew x1.5 and more, labelled a divergence of its own and
-    reported as nothing). A raise before the excursion was confirmed is part of it (its cause, or a slow rise
-    the excursion's trigger came after: 253768's run 062)."""
+    reported as nothing). A ramp on a decay is the same cause, though no row rises over an earlier one: 6 of the
+    33 divergences missed on the 20 looked-at fresh seeds (726552's run 032: x1.0018 a step from 607 on a linear
+    decay of 0.9% a step, inside an LR burst's spike from 405). A raise before the excursion was confirmed is part of
+    it (its cause, or a slow rise the excursion's trigger came after: 253768's run 062)."""
     steps, lr = obs["step"], obs["lr"]
     rise = lr_raised_since(steps, lr, config.lr, history, trained_lr)
+    if rise is None and len(lr):
+        rise = lr_rise_start(steps, lr, len(lr) - 1, config.lr, since=confirmed, trained_lr=trained_lr)
     if rise is None or rise <= confirmed or len(lr) - rise < config.divergence.lr_shift_obs \
             or excursion.self_recovered is not False:
         return None
@@ -1099,15 +1109,18 @@ def lr_raise_inside(obs: Observations, excursion: Finding, confirmed: int, histo
     before = float(lr[logged[-1]]) if len(logged) else None  # None, not NaN: evidence is JSON
     now = float(lr[-1])
     ratio = now / before if before else None
+    if ratio is not None and ratio < config.lr.raise_factor:  # a ramp on a decay: the logged LR fell meanwhile
+        how = f"left its schedule's path at step {int(steps[rise])}, a ramp riding its decay"
+    else:
+        how = f"was raised off its schedule at step {int(steps[rise])}" + (
+            f" (x{ratio:.3g} by the last step)" if ratio else "")
     return Finding(kind="divergence", onset_step=int(steps[onset]), end_step=int(steps[-1]), peak_step=int(steps[-1]),
                    segment=excursion.segment, severity="critical", self_recovered=False, needs_action=True,
                    evidence={"rule": "lr_raise_inside", "lr_rise_step": int(steps[rise]), "lr_before": before,
                              "lr_at_onset": now, "lr_ratio": ratio, "lr_raised": True, "lr_still_raised": True,
                              "inside_step": excursion.onset_step, "detected_step": int(steps[-1])},
-                   message=f"the learning rate was raised off its schedule at step {int(steps[rise])}"
-                           + (f" (x{ratio:.3g} by the last step)" if ratio else "")
-                           + f" while the loss was still out from step {excursion.onset_step}: the run cannot come"
-                             " back under it")
+                   message=f"the learning rate {how} while the loss was still out from step {excursion.onset_step}:"
+                           " the run cannot come back under it")
 
 
 def lr_bursts(steps: np.ndarray, lr: np.ndarray, lrc: LRConfig, history: int = 0) -> list[tuple[int, int]]:

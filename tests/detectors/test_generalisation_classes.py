@@ -2222,14 +2222,16 @@ def test_75_a_norm_climb_dated_before_the_burst_inside_it_begins_with_the_burst(
     begins with the burst's first consequence, unless the norm had already risen before the burst (its median over
     the 16 rows before it ``growth_z`` standard errors above its median before the dated start). Guard: the same
     run with both norms made to climb x1.004-1.008 a step from 400 or 450 up to the burst keeps that precursor as
-    the onset, as before. Fails on HEAD~1 (onset 490, checkpoint 470)."""
+    the onset, as before. Fails on HEAD~1 (onset 490, checkpoint 470). The ramp from 920, riding the cosine's decay,
+    is a second cause inside the excursion, a divergence of its own (test 122)."""
     steps, cols = _fresh_run("f142542-050")
     events = _fresh_events("f142542-050-checkpoints.json")
     if climb_from is not None:
         lift = np.where(steps >= climb_from, rate ** (np.minimum(steps, 690) - climb_from), 1.0)
         cols = {**cols, "grad_norm": cols["grad_norm"] * lift, "act_norm": cols["act_norm"] * lift}
     report = analyze(rows_table(steps, **cols), events)
-    [div] = _alarms(report)
+    div, *inside = sorted(_alarms(report), key=lambda f: f.onset_step)
+    assert [(f.evidence["rule"], f.onset_step) for f in inside] == [("lr_raise_inside", 920)], report.findings
     assert (div.kind, div.severity) == ("divergence", "critical"), div
     if climb_from is None:
         assert div.onset_step == 690 and div.evidence["lr_rise_step"] == 690, div
@@ -3636,3 +3638,34 @@ def test_121_a_cold_rise_within_the_rows_own_spread_is_no_spike(case: str) -> No
     assert paged == ([] if case == "as_logged" else [(135, "warning")]), report.findings
     assert report.rollback is None, report.rollback
     _streams_alike("f344831-130", steps, cols, report)
+
+
+# 122. A ramp riding a decaying schedule inside an excursion not back is a second cause, though the logged LR falls.
+
+@pytest.mark.parametrize("name,expected", [("f726552-032", [608]), ("f884729-077", [])])
+def test_122_a_ramp_on_a_decay_inside_an_unrecovered_excursion_is_a_divergence_of_its_own(name: str,
+                                                                                       expected: list[int]) -> None:
+    """Real CPU training (fresh seed 726552's run 032, ``tests/fixtures/fresh``): fp32, batch 3, a linear decay of
+    0.9% a step. An LR burst x226 at 404 throws the loss 2.6 -> 222 and it never comes back (the right checkpoint is
+    303); from update 607 an LR ramp of x1.0018 a step rides the decay, so the logged LR still falls (0.00063 ->
+    0.00036 by the last row) and no row rises over an earlier one. The labeller has a divergence from 608 beside the
+    spike; runwatch read nothing of it, since the second-cause rule asked for a raise over the LR's low
+    (``lr_raised_since``). Fails on 377ee7f. The ramp lifted the LR off the schedule's path, read as the spike's LR
+    story and the precursor read it (``lr_rise_start``: ``off_path_rise``): a divergence of its own from 608,
+    critical, and the rollback still precedes the spike. Guard (fresh seed 884729's run 077): cosine with warm
+    restarts, an LR burst's spike from 393 never back, and the schedule's restart at 1593 inside it steps log LR's
+    slope as a ramp's first update does; a restart is the schedule, no second cause (it was one, "raised x1", before
+    ``lr_rise_start`` asked ``warm_restart`` of a ramp). Streaming reads both as offline does."""
+    steps, cols = _fresh_run(name)
+    report = _fresh_report_of(name, steps, cols)
+    inside = [f for f in report.findings if f.evidence.get("rule") == "lr_raise_inside"]
+    assert [f.onset_step for f in inside] == expected, report.findings
+    spike = [f for f in _alarms(report, "spike") if f.self_recovered is False]
+    assert [f.onset_step for f in spike] == [405 if expected else 393], report.findings
+    if expected:
+        [divergence] = inside
+        assert (divergence.kind, divergence.severity, divergence.evidence["lr_rise_step"]) == ("divergence", "critical",
+                                                                                              607), divergence
+        assert "left its schedule's path at step 607, a ramp riding its decay" in divergence.message, divergence.message
+        assert report.rollback is not None and report.rollback.checkpoint_step == 303, report.rollback
+    _streams_alike(name, steps, cols, report)
