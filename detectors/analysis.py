@@ -228,8 +228,11 @@ def merge_overlaps(findings: list[Finding], cfg: DetectorConfig = DEFAULT) -> li
         out[out.index(d)] = merged
     # A raise whose first consequence is where an excursion already begins is that excursion's cause, not a second
     # one (test 14a: a noisy row opened it five rows before the raise that threw it, and its onset moved there).
-    return [f for f in out if not (f.evidence.get("rule") == "lr_raise_inside" and any(
-        o is not f and o.kind in LOSS_KINDS and o.segment == f.segment and o.onset_step == f.onset_step for o in out))]
+    def second(f: Finding) -> bool:
+        return f.evidence.get("rule") == "lr_raise_inside"
+
+    return [f for f in out if not (second(f) and any(not second(o) and o.kind in LOSS_KINDS and o.segment == f.segment
+                                                     and o.onset_step == f.onset_step for o in out))]
 
 
 def mark_open(findings: list[Finding], segments: list[SegmentInfo], main_steps: np.ndarray,

@@ -350,10 +350,11 @@ def lr_rise_start(steps: np.ndarray, lr: np.ndarray, onset: int, lrc: LRConfig, 
             ramp = off_path_rise(steps[idx], lr[idx], at, len(idx) - 1, lrc)
             # A warm restart steps log LR's slope as a ramp's first update does, and is the schedule (fresh seed
             # 884729's run 077, cosine with restarts: the restart at 1593 read as a ramp inside a burst's spike).
-            if ramp is None or warm_restart(lr[idx], ramp - 1, ramp, trained_level(
-                    steps[idx[:ramp]], lr[idx[:ramp]], lrc, trained_lr), lrc):
+            if ramp is None:
                 return None
-            return int(idx[ramp])
+            j = int(idx[ramp])  # the level trained at before it, over every row (the window may start past a peak)
+            return None if warm_restart(lr[idx], ramp - 1, ramp, trained_level(steps[:j], lr[:j], lrc, trained_lr),
+                                        lrc) else j
         first = int(idx[k + 1])
         if warm_restart(lr, low, first, trained_level(steps[:low + 1], lr[:low + 1], lrc, trained_lr), lrc):
             lo = first  # a warm restart: look for a rise after it
@@ -440,7 +441,10 @@ def off_path_rise(at: np.ndarray, v: np.ndarray, onset: int, end: int, lrc: LRCo
     multiplicative ramp on a decaying schedule lifts the LR off the schedule's path while the logged LR still falls
     (fresh seed 495323's run 039: x1.005 a step from 899 on a cosine falling 0.35% a step, no row above an earlier
     one), so no rise over its lowest point shows. The kink is what says the schedule was left (a schedule bends its
-    log LR smoothly, ``LRConfig.kink``); its lift need only be material, not a jump's ``raise_factor``.
+    log LR smoothly, ``LRConfig.kink``); its lift need only be material, not a jump's ``raise_factor``. A kink into a
+    flat LR is a decay reaching its floor, the schedule (a review of d89fec3: a linear decay to a held minimum read as
+    a ramp from it); a ramp from the floor is then read on the floor alone. From the LR column a ramp that exactly
+    cancels the decay is that floor too, and a knee into a flatter decay reads as a ramp slower than the decay.
 
     The lift is the ramp's rate times the steps since the kink, up to where the slope steps back down by
     ``LRConfig.ramp_end_share`` of that rate (the ramp ended), not the LR against the slope before the kink carried
@@ -453,6 +457,13 @@ def off_path_rise(at: np.ndarray, v: np.ndarray, onset: int, end: int, lrc: LRCo
     if kink is None:
         return None
     first, slope, after = kink
+    if abs(after) < KINK_FLOOR:  # a decay that reached its floor and holds there: the schedule, no ramp
+        # A ramp that starts on the floor shows as a later kink once the decay before it is out of view (the floor's
+        # own step in the slope raises the kink bar for ``kink_rows`` rows after it).
+        held = v.copy()
+        held[:first] = v[first]
+        later = last_kink(at, held, onset - 1, 0, lrc)
+        return None if later is None or later[0] <= first else off_path_rise(at, held, onset, end, lrc)
     base, ramp = first - 1, after - slope  # the ramp's own rate per step: the slope's step at the kink
     change, bar = slope_changes(log_slopes(at[base:end + 1], v[base:end + 1]), lrc)
     ended = np.flatnonzero((-change > bar) & (change < -lrc.ramp_end_share * ramp))
@@ -1085,7 +1096,8 @@ def lr_raise_inside(obs: Observations, excursion: Finding, confirmed: int, histo
                     trained_lr: float = -np.inf) -> Finding | None:
     """A second cause inside an unrecovered loss excursion: the LR raised off the schedule (``lr_raised_since``), or
     a ramp lifting it off the schedule's path while the logged LR still falls (``lr_rise_start`` read into the last
-    row: ``off_path_rise``), after the excursion was confirmed (row ``confirmed``), and still up at the last row.
+    row: ``off_path_rise``), after the excursion was confirmed (row ``confirmed``), and still up at the last row (a
+    raise; a ramp not stepped back down by ``raise_factor`` in one row since its first update).
 
     The two-median test of ``lr_level_shift`` cannot see it: the level before the raise is the excursion's own, so
     the loss has no lift left to show. The LR column shows the cause itself, and a run cannot come back while an LR
@@ -1098,22 +1110,22 @@ def lr_raise_inside(obs: Observations, excursion: Finding, confirmed: int, histo
     decay of 0.9% a step, inside an LR burst's spike from 405). A raise before the excursion was confirmed is part of
     it (its cause, or a slow rise the excursion's trigger came after: 253768's run 062)."""
     steps, lr = obs["step"], obs["lr"]
-    rise = lr_raised_since(steps, lr, config.lr, history, trained_lr)
-    if rise is None and len(lr):
-        rise = lr_rise_start(steps, lr, len(lr) - 1, config.lr, since=confirmed, trained_lr=trained_lr)
-    if rise is None or rise <= confirmed or len(lr) - rise < config.divergence.lr_shift_obs \
-            or excursion.self_recovered is not False:
+    if excursion.self_recovered is not False or not len(lr):
+        return None
+    rise, raised = lr_raised_since(steps, lr, config.lr, history, trained_lr), True
+    if rise is None or rise <= confirmed:  # none, or the excursion's own raise: a ramp off the path after it?
+        rise, raised = lr_rise_start(steps, lr, len(lr) - 1, config.lr, since=confirmed, trained_lr=trained_lr), False
+    if rise is None or rise <= confirmed or len(lr) - rise < config.divergence.lr_shift_obs:
         return None
     onset = first_consequence(steps, rise)
     logged = np.flatnonzero(np.isfinite(lr[:rise]) & (lr[:rise] > 0))  # the LR before it, where one was logged
     before = float(lr[logged[-1]]) if len(logged) else None  # None, not NaN: evidence is JSON
     now = float(lr[-1])
     ratio = now / before if before else None
-    if ratio is not None and ratio < config.lr.raise_factor:  # a ramp on a decay: the logged LR fell meanwhile
-        how = f"left its schedule's path at step {int(steps[rise])}, a ramp riding its decay"
-    else:
-        how = f"was raised off its schedule at step {int(steps[rise])}" + (
-            f" (x{ratio:.3g} by the last step)" if ratio else "")
+    by_now = f" (x{ratio:.3g} by the last step)" if ratio and ratio >= 1 else ""
+    how = (f"was raised off its schedule at step {int(steps[rise])}{by_now}" if raised else
+           f"left its schedule's path at step {int(steps[rise])}"
+           + (", a ramp riding its decay" if ratio is not None and ratio < 1 else by_now))
     return Finding(kind="divergence", onset_step=int(steps[onset]), end_step=int(steps[-1]), peak_step=int(steps[-1]),
                    segment=excursion.segment, severity="critical", self_recovered=False, needs_action=True,
                    evidence={"rule": "lr_raise_inside", "lr_rise_step": int(steps[rise]), "lr_before": before,

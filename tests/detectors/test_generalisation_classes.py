@@ -2454,10 +2454,12 @@ def test_82_guard_a_schedule_alone_is_no_rise(kind: str) -> None:
 
 
 @pytest.mark.parametrize("kind, rate", [("cosine", 1.002), ("cosine_floor", 1.001), ("linear", 1.0015),
-                                        ("exponential", 1.001)])
+                                        ("exponential", 1.0005)])
 def test_82_a_slow_ramp_on_each_decaying_schedule_is_a_rise_from_its_first_row(kind: str, rate: float) -> None:
     """A ramp too slow to lift the LR 1.5x over its lowest point within the data, on each decaying schedule, is a
-    rise from its first raised row (901), asked at its first consequences and later. Fails on HEAD~1 (no rise)."""
+    rise from its first raised row (901), asked at its first consequences and later. Fails on HEAD~1 (no rise).
+    (A ramp of x1.001 on the x0.999 decay, as this test had until test 122, holds the logged LR all but flat, 1e-6
+    a step, at ``KINK_FLOOR``: the LR column reads that as the decay reaching a floor, which is the schedule.)"""
     n = 2000
     steps, lr = np.arange(n), _schedule(kind, n)
     ramp = lr * np.where(steps >= 900, rate ** (steps - 900), 1.0)
@@ -3669,3 +3671,53 @@ def test_122_a_ramp_on_a_decay_inside_an_unrecovered_excursion_is_a_divergence_o
         assert "left its schedule's path at step 607, a ramp riding its decay" in divergence.message, divergence.message
         assert report.rollback is not None and report.rollback.checkpoint_step == 303, report.rollback
     _streams_alike(name, steps, cols, report)
+
+
+def _lr_schedule(schedule: str, n: int) -> np.ndarray:
+    """A 100-step warm-up to 1e-3, then a linear decay to a floor of 1e-4 at 1200 held after it ("floor"), or a cosine
+    to 1e-5 restarting every 1000 steps ("restarts")."""
+    t = np.arange(n, dtype=float)
+    if schedule == "floor":
+        body = np.interp(t, [100, 1200], [1e-3, 1e-4])
+    else:
+        body = 1e-5 + (1e-3 - 1e-5) * 0.5 * (1 + np.cos(np.pi * (np.maximum(t - 100, 0) % 1000) / 1000))
+    return np.where(t < 100, 1e-3 * (t + 1) / 100, body)
+
+
+@pytest.mark.parametrize("schedule,n", [("floor", 1600), ("restarts", 2080)])
+@pytest.mark.parametrize("seed", range(3))
+def test_122_guard_the_schedules_own_bends_inside_an_unrecovered_excursion_are_no_second_cause(schedule: str, n: int,
+                                                                                                seed: int) -> None:
+    """An LR burst x100 at 800-802 throws the loss +3 for good; after it the schedule bends log LR's slope up as a
+    ramp's first update does: a linear decay reaching its floor at 1200 and holding there, or a cosine's warm restart
+    at 1100 read from a window that starts past the first cycle's peak (the run trained at 1e-3 before it; the last
+    row, at the end of the second cycle, lies under the restart's low x1.5, so only the off-path branch sees it).
+    Neither is a cause. A review of d89fec3 found both read as "left its schedule's path", a critical second
+    divergence."""
+    steps, lr = np.arange(n), _lr_schedule(schedule, n)
+    lr[800:803] *= 100
+    loss, grad = loss_curve(n, seed=seed), grad_curve(n, seed=seed + 10)
+    loss[801:] += 3.0
+    grad[801:] *= 5.0
+    report = analyze(rows_table(steps, loss=loss, grad_norm=grad, lr=lr))
+    assert [f.onset_step for f in _alarms(report, "spike")] == [801], report.findings
+    assert not [f for f in report.findings if f.evidence.get("rule") == "lr_raise_inside"], report.findings
+    assert lr_rise_start(steps, lr, n - 1, DEFAULT.lr, since=950) is None
+
+
+@pytest.mark.parametrize("every", [1, 10, 25])
+@pytest.mark.parametrize("after_floor", [1, 5, 8, 12])
+def test_122_guard_a_ramp_from_the_floor_is_still_a_rise(every: int, after_floor: int) -> None:
+    """A ramp of x1.0015 a step that starts ``after_floor`` rows after the decay reached its floor (1200) is a rise,
+    asked 200 steps into it, however the rows are spaced: dated at its first row, or, starting within the rows the
+    slope after the floor is read over (``kink_rows``), at the floor's first row (early: the advice precedes it). A
+    re-review of test 122's floor rule found such a ramp unseen when it starts 5-8 rows after the floor (the floor's
+    own step in the slope raised the kink bar)."""
+    steps = np.arange(0, 2000, every)
+    lr = _lr_schedule("floor", 2000)[steps]
+    first = int(np.searchsorted(steps, 1200)) + after_floor
+    lr = (lr * np.where(steps >= steps[first], 1.0015 ** (steps - steps[first] + every), 1.0))
+    lr = lr.astype(np.float32).astype(np.float64)
+    onset = int(np.searchsorted(steps, steps[first] + 200))
+    found, floor = lr_rise_start(steps, lr, onset, DEFAULT.lr), first - after_floor + 1
+    assert found == first or (after_floor <= DEFAULT.lr.kink_rows and found == floor), (found, first)
