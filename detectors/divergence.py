@@ -1113,7 +1113,8 @@ def lr_raise_inside(obs: Observations, excursion: Finding, confirmed: int, histo
     if excursion.self_recovered is not False or not len(lr):
         return None
     rise, raised = lr_raised_since(steps, lr, config.lr, history, trained_lr), True
-    if rise is None or rise <= confirmed:  # none, or the excursion's own raise: a ramp off the path after it?
+    if rise is None or rise <= confirmed or len(lr) - rise < config.divergence.lr_shift_obs:
+        # None, the excursion's own raise, or one too recent to judge (a restart on the last row): a cause before it?
         rise, raised = lr_rise_start(steps, lr, len(lr) - 1, config.lr, since=confirmed, trained_lr=trained_lr), False
     if rise is None or rise <= confirmed or len(lr) - rise < config.divergence.lr_shift_obs:
         return None

@@ -3721,3 +3721,20 @@ def test_122_guard_a_ramp_from_the_floor_is_still_a_rise(every: int, after_floor
     onset = int(np.searchsorted(steps, steps[first] + 200))
     found, floor = lr_rise_start(steps, lr, onset, DEFAULT.lr), first - after_floor + 1
     assert found == first or (after_floor <= DEFAULT.lr.kink_rows and found == floor), (found, first)
+
+
+def test_122_a_raise_too_recent_to_judge_does_not_hide_a_cause_before_it() -> None:
+    """Real CPU training (fresh seed 270333's run 001, ``tests/fixtures/fresh``): fp32, batch 9, cosine with warm
+    restarts, a log every 10 steps, checkpoints every 41. An LR burst x6 at 698 throws the loss 1.5 -> 70 and it never
+    comes back (the right checkpoint is 656); an LR jump x24 at 1230 stays (the labeller's divergence from 1240), and
+    the schedule's next restart lands on the last row, 1427, where it reads as a raise over the low, one row old:
+    too recent to judge, and the rule stopped there. The first review of d89fec3 pointed at it. Fails on f652246.
+    Now a raise too recent to judge is passed over for the rise into the last row, as a raise before the
+    confirmation is: the jump from 1230, a divergence of its own beside the spike; the advice still precedes the
+    spike. Streaming reads it as offline does."""
+    steps, cols = _fresh_run("f270333-001")
+    report = _fresh_report_of("f270333-001", steps, cols)
+    assert [(f.kind, f.onset_step, f.evidence.get("rule")) for f in _alarms(report)] == [
+        ("spike", 700, "shewhart"), ("divergence", 1230, "lr_raise_inside")], report.findings
+    assert report.rollback is not None and report.rollback.checkpoint_step == 656, report.rollback
+    _streams_alike("f270333-001", steps, cols, report)
