@@ -147,11 +147,16 @@ def _a_jump(o: Finding) -> bool:
     return o.kind == "spike" and o.evidence.get("rule") == "shewhart"
 
 
+def _second_cause(f: Finding) -> bool:
+    """An LR raised off the schedule inside an unrecovered excursion (``divergence.lr_raise_inside``)."""
+    return f.evidence.get("rule") == "lr_raise_inside"
+
+
 def _one_per_raise(findings: list[Finding]) -> list[Finding]:
     """An LR raise inside an excursion that a spike and a divergence episode both cover is found by each: keep one."""
     seen, out = set(), []
     for f in findings:
-        key = (f.segment, f.evidence.get("lr_rise_step")) if f.evidence.get("rule") == "lr_raise_inside" else None
+        key = (f.segment, f.evidence.get("lr_rise_step")) if _second_cause(f) else None
         if key is None or key not in seen:
             out.append(f)
             seen.add(key)
@@ -206,11 +211,10 @@ def merge_overlaps(findings: list[Finding], cfg: DetectorConfig = DEFAULT) -> li
     out = [f for f in out
            if not (f.kind == "spike" and _a_slow_rise(f) and any(_began_inside(f, c) for c in collapses))]
     for d in sorted([f for f in out if f.kind == "divergence"], key=lambda f: f.onset_step):
-        if d not in out or d.evidence.get("rule") == "lr_raise_inside":
-            continue  # a second cause stands beside the excursion it came inside: it absorbs nothing
-        # An LR raised off the schedule inside it is a cause of its own (``lr_raise_inside``), never absorbed.
-        others = [o for o in out if o is not d and o.kind in LOSS_KINDS and overlaps(d, o)
-                  and o.evidence.get("rule") != "lr_raise_inside"]
+        if d not in out or _second_cause(d):
+            continue  # a second cause stands beside the excursion it came inside: it absorbs nothing...
+        # ...and is never absorbed.
+        others = [o for o in out if o is not d and o.kind in LOSS_KINDS and overlaps(d, o) and not _second_cause(o)]
         if d.self_recovered:
             if any(o.kind == "spike" for o in others):
                 out.remove(d)
@@ -228,11 +232,9 @@ def merge_overlaps(findings: list[Finding], cfg: DetectorConfig = DEFAULT) -> li
         out[out.index(d)] = merged
     # A raise whose first consequence is where an excursion already begins is that excursion's cause, not a second
     # one (test 14a: a noisy row opened it five rows before the raise that threw it, and its onset moved there).
-    def second(f: Finding) -> bool:
-        return f.evidence.get("rule") == "lr_raise_inside"
-
-    return [f for f in out if not (second(f) and any(not second(o) and o.kind in LOSS_KINDS and o.segment == f.segment
-                                                     and o.onset_step == f.onset_step for o in out))]
+    return [f for f in out if not (_second_cause(f) and any(
+        not _second_cause(o) and o.kind in LOSS_KINDS and o.segment == f.segment and o.onset_step == f.onset_step
+        for o in out))]
 
 
 def mark_open(findings: list[Finding], segments: list[SegmentInfo], main_steps: np.ndarray,

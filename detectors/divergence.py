@@ -1112,11 +1112,13 @@ def lr_raise_inside(obs: Observations, excursion: Finding, confirmed: int, histo
     steps, lr = obs["step"], obs["lr"]
     if excursion.self_recovered is not False or not len(lr):
         return None
+    def judged(r: int | None) -> bool:  # after the confirmation, and held the rows the change-point test asks
+        return r is not None and confirmed < r <= len(lr) - config.divergence.lr_shift_obs
+
     rise, raised = lr_raised_since(steps, lr, config.lr, history, trained_lr), True
-    if rise is None or rise <= confirmed or len(lr) - rise < config.divergence.lr_shift_obs:
-        # None, the excursion's own raise, or one too recent to judge (a restart on the last row): a cause before it?
+    if not judged(rise):  # none, the excursion's own raise, or one too recent (a restart on the last row): before it?
         rise, raised = lr_rise_start(steps, lr, len(lr) - 1, config.lr, since=confirmed, trained_lr=trained_lr), False
-    if rise is None or rise <= confirmed or len(lr) - rise < config.divergence.lr_shift_obs:
+    if not judged(rise):
         return None
     onset = first_consequence(steps, rise)
     logged = np.flatnonzero(np.isfinite(lr[:rise]) & (lr[:rise] > 0))  # the LR before it, where one was logged
