@@ -248,7 +248,7 @@ def poisson_upper(count: int, level: float = 0.95) -> float:
 
 SWEEPS = {  # (component, field): values around the shipped one
     ("spike", "cusum_h"): [16, 24, 32, 40, 50, 60],
-    ("spike", "burst_h"): [6, 8, 10, 12, 14, 16, 20],
+    ("spike", "burst_h"): [4.0, 5.9, 8.0, 10.0, 14.0, 20.0],
     ("spike", "z_trigger"): [5.0, 6.0, 7.0, 8.0],
     ("scaler", "skip_h"): [10, 15, 20, 30],
     ("scaler", "min_halvings"): [3.0, 4.0, 5.0, 6.0],

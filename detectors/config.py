@@ -158,13 +158,24 @@ class SpikeConfig:
     """Reference value of the bank's second CUSUM, for short bursts: half of a 4-sigma shift (Montgomery's
     k = delta / 2), the size between what ``cusum_k`` is tuned for and what one observation past ``z_trigger``
     shows. With residuals clipped at ``winsor`` (4) an observation adds at most 2, so only several far-out
-    observations close together can reach ``burst_h``: a bad batch of five steps at 4-6 sigmas sums to ~10,
-    under ``cusum_h`` (24) and every single-observation bar (seeds 195624 and 446183 missed such batches)."""
-    burst_h: float = 8.0
-    """Its decision interval, set by ``bench/calibrate.py`` at the false-alarm budget like ``cusum_h``: the
-    smallest of 4, 6, 7, 8, 10 whose added alarms stay well under 1 per 10^6 healthy steps on two independent
-    draws of the calibration set (6.1M steps: 4 adds 94 on one, 6 adds 8, 7 adds 3, 8 adds 0 and 1, 10 none).
-    Four observations at the clip (4 sigmas) reach it, a fifth at 4 passes it."""
+    observations close together can reach ``burst_h``: a bad batch of a few steps at 4-6 sigmas passes no
+    single-observation bar and sums to little in the first (seeds 195624 and 446183 missed such batches)."""
+    burst_h: float = 5.9
+    """Its decision interval: three observations in a row at the clip (3.97 sigmas or more each) pass it, two
+    cannot (a Gaussian residual passes 4 sigmas once in 3 x 10^4, three in a row about once in 10^13). At 8 (until
+    the forty-fourth round) it took five: a bad batch of three steps at 4-5 of the detector's sigmas each (the
+    labeller's 8, against the twin's noise) went unseen (fresh seed 520650's run 141, test 123). Checked by
+    ``bench/calibrate.py`` against the false-alarm budget like ``cusum_h``: on its ten draws (30M healthy steps)
+    the alarms went 7 -> 11 with it (0.23 -> 0.37 per 10^6, all four added spikes); on the 20 looked-at fresh seeds
+    of labels v11, 9 more bad batches found (all 'info' notes), the faulted runs' false alarms 10 -> 9, right
+    checkpoints 644 -> 643 (two lost, where a burst of the run's own noise opened an excursion before the fault,
+    one gained). Earlier sweeps, before the alarms needed corroboration (``corroborate_shifts``): 4 added 94
+    alarms on one draw of 3M steps, 6 added 8, 8 none."""
+    change_point_margin: float = 1.92
+    """Log-likelihood (a generalised likelihood ratio, ``spike._change_point``) by which a later change point of the
+    bank's must explain the rows better than an earlier one to date the shift: half the 95% point of chi-squared
+    with one degree of freedom (3.84), a likelihood-ratio test at 5%. Within it the two fit alike, and the earlier
+    dates it: the advice then precedes all of the shift."""
     cusum_guard: int = 32
     """The CUSUM measures against the lower of the level now and the level this many observations ago: it
     follows a falling loss at once and a rising one only after the guard, since a rise is what it judges.
@@ -232,6 +243,7 @@ class SpikeConfig:
         _check(self.cold_spread_obs >= 3, "cold_spread_obs must be >= 3")
         _check(self.cusum_k > 0 and self.cusum_h > 0, "cusum_k and cusum_h must be > 0")
         _check(self.burst_k > self.cusum_k and self.burst_h > 0, "need burst_k > cusum_k and burst_h > 0")
+        _check(self.change_point_margin >= 0, "change_point_margin must be >= 0")
         _check(self.persist_obs >= 1 and self.recovery_obs >= 1 and self.patience_obs >= 1, "counts must be >= 1")
         _check(self.grad_min_ratio > 1 and self.cold_grad_ratio > 1, "ratios must be > 1")
 

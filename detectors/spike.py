@@ -230,7 +230,7 @@ class SpikeScanner:
                 trigger, rule = i, "shewhart"
                 break
             if any(p[j] for p in past):
-                trigger, (rule, zero) = i, self._change_point(sums, past, j, i)
+                trigger, (rule, zero) = i, self._change_point(sums, j, i)
                 break
         stop = n if trigger is None else trigger
         self._note_scanned(lo, stop, zl_c, zg_c, warm)
@@ -270,25 +270,26 @@ class SpikeScanner:
         lifted = len(z) > 0 and float(z.mean()) * math.sqrt(len(z)) >= self.ctx.config.divergence.growth_z
         return onset if lifted else first
 
-    def _change_point(self, sums: list[tuple[np.ndarray, np.ndarray]], past: list[np.ndarray], j: int,
-                      i: int) -> tuple[str, int]:
-        """(rule, last zero) of the CUSUM that dates the shift, among those of the bank past their decision interval
-        at row ``j`` of this pass (row ``i`` of the segment). Each CUSUM's last zero is its own estimate of where the
-        shift began; when two alarm at once they disagree (the slow one's zero lies further back). The members
-        differ only in their reference value ``k``, so they sum the same clipped residuals: ``S`` over the ``m``
-        rows since a zero is that CUSUM's sum plus ``k m``, and the generalised likelihood ratio of a shift of
-        unknown size from there, ``S^2 / 2m`` (Siegmund and Venkatraman 1995), picks the zero that explains the
-        rows best: a burst of far-out rows after a drift the slow one had been summing is dated at the burst
-        (fresh seed 9881's run 107: a five-step bad batch at step 401, dated 354 by the slow CUSUM's zero). One
-        that alarms alone dates it, so a gradual rise keeps its early start."""
-        best = None
-        for (s, zero), fired, (k, _, rule) in zip(sums, past, self.bank):
+    def _change_point(self, sums: list[tuple[np.ndarray, np.ndarray]], j: int, i: int) -> tuple[str, int]:
+        """(rule, last zero) of the CUSUM that dates the shift at row ``j`` of this pass (row ``i`` of the segment),
+        where one of the bank passed its decision interval. Each CUSUM's last zero is its own estimate of where the
+        shift began, whether it has alarmed yet or not, and they disagree (the slow one's zero lies further back).
+        The members differ only in their reference value ``k``, so they sum the same clipped residuals: ``S`` over
+        the ``m`` rows since a zero is that CUSUM's sum plus ``k m``, and the generalised likelihood ratio of a shift
+        of unknown size from there, ``S^2 / 2m`` (Siegmund and Venkatraman 1995), is how well a shift from that zero
+        explains the rows. A later zero dates it only where it explains them significantly better
+        (``change_point_margin``): a burst of far-out rows after a drift the slow one had been summing is dated at
+        the burst (fresh seed 9881's run 107: a five-step bad batch at step 401, dated 354 by the slow CUSUM's
+        zero); a sustained lift or a gradual rise, which the two explain alike, at its start, though the burst
+        CUSUM alarms first on its rows near the clip (test 79's and test 88's guards)."""
+        fits = []
+        for (s, zero), (k, _, rule) in zip(sums, self.bank):
             m = i - int(zero[j])
-            if fired[j] and m > 0:
-                glr = (s[j] + k * m) ** 2 / (2 * m)
-                if best is None or glr > best[0]:
-                    best = (glr, rule, int(zero[j]))
-        return best[1], best[2]
+            if m > 0 and s[j] > 0:
+                fits.append(((s[j] + k * m) ** 2 / (2 * m), int(zero[j]), rule))
+        best = max(glr for glr, _, _ in fits)
+        zero, rule = min((z, r) for glr, z, r in fits if glr >= best - self.cfg.change_point_margin)
+        return rule, zero
 
     def _guarded(self, level: np.ndarray, lo: int, n: int) -> np.ndarray:
         """The level the CUSUM judges against: the lower of ``level`` and the level ``cusum_guard`` observations
@@ -820,8 +821,11 @@ def classify(sc: SpikeScanner, ep: Episode, obs: Observations) -> Finding | None
     z = np.nan_to_num(zl, nan=-np.inf)
     top = onset + int(np.argmax(z)) if len(z) else onset
     jump = lr_jump_inside(steps, obs["lr"], onset, top, sc.ctx.config.lr, sc.ctx.history, trained_lr=sc.ctx.trained_lr)
-    if jump is not None and np.median(z[:jump - onset]) < cfg.z_band:
-        # The loss was in band until the LR jumped: the excursion began with the jump's first consequence.
+    if jump is not None and np.median(z[:jump - onset]) < cfg.z_band and z[jump - onset - 1] <= cfg.z_band:
+        # The loss was in band until the LR jumped (most rows before it, and the last): the excursion began with the
+        # jump's first consequence. One already out of band when the LR jumped had begun (test 88's guard: a lift
+        # of 4 sigmas three rows before an LR doubling, dated at its start by the burst CUSUM, two of its rows
+        # under the band).
         jump = min(first_consequence(steps, jump), top)
         zl, zg, onset = zl[jump - onset:], zg[jump - onset:], jump
     elif onset < top and first_consequence(steps, onset) == onset + 1 \

@@ -3738,3 +3738,24 @@ def test_122_a_raise_too_recent_to_judge_does_not_hide_a_cause_before_it() -> No
         ("spike", 700, "shewhart"), ("divergence", 1230, "lr_raise_inside")], report.findings
     assert report.rollback is not None and report.rollback.checkpoint_step == 656, report.rollback
     _streams_alike("f270333-001", steps, cols, report)
+
+
+# 123. A bad batch of a few steps at 4-5 sigmas each is found by the burst CUSUM at three observations.
+
+@pytest.mark.parametrize("case", ["faulty", "twin"])
+def test_123_a_three_step_bad_batch_is_found(case: str) -> None:
+    """Real CPU training (fresh seed 520650's run 141, ``tests/fixtures/fresh``): fp32, batch 32, constant LR after a
+    62-step warm-up, noisy host. A bad batch of three steps at 226-228 (the loss 2.1 -> 3.96, 3.69, 3.78; the labeller
+    sizes it 8.2 of its twin's sigmas) and one of a single step at 674 (1.26 -> 7.44). Each of the three rows is 4-5
+    of the detector's sigmas, under the single-observation bar of 6, and the burst CUSUM (residuals clipped at 4,
+    less ``burst_k`` = 2, so at most 2 a row) needed a fourth row to pass 8. Fails on 52d7ad5 (674 found alone). Now
+    ``burst_h`` lets three rows near the clip pass it: both bad batches are 'info' notes, back at once, and nothing
+    needs action. The clean twin (the same batches without the fault) reads no loss finding at all. Streaming reads
+    it as offline does."""
+    name = "f520650-141" + ("-twin" if case == "twin" else "")
+    steps, cols = _fresh_run(name)
+    report = _fresh_report_of("f520650-141", steps, cols)
+    loss = [(f.onset_step, f.severity, f.self_recovered) for f in report.findings if f.kind in ("spike", "divergence")]
+    assert loss == ([(226, "info", True), (674, "info", True)] if case == "faulty" else []), report.findings
+    assert report.rollback is None, report.rollback
+    _streams_alike("f520650-141", steps, cols, report)
