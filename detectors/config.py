@@ -162,20 +162,29 @@ class SpikeConfig:
     single-observation bar and sums to little in the first (seeds 195624 and 446183 missed such batches)."""
     burst_h: float = 5.9
     """Its decision interval: three observations in a row at the clip (3.97 sigmas or more each) pass it, two
-    cannot (a Gaussian residual passes 4 sigmas once in 3 x 10^4, three in a row about once in 10^13). At 8 (until
-    the forty-fourth round) it took five: a bad batch of three steps at 4-5 of the detector's sigmas each (the
-    labeller's 8, against the twin's noise) went unseen (fresh seed 520650's run 141, test 123). Checked by
-    ``bench/calibrate.py`` against the false-alarm budget like ``cusum_h``: on its ten draws (30M healthy steps)
-    the alarms went 7 -> 11 with it (0.23 -> 0.37 per 10^6, all four added spikes); on the 20 looked-at fresh seeds
-    of labels v11, 9 more bad batches found (all 'info' notes), the faulted runs' false alarms 10 -> 9, right
-    checkpoints 644 -> 643 (two lost, where a burst of the run's own noise opened an excursion before the fault,
-    one gained). Earlier sweeps, before the alarms needed corroboration (``corroborate_shifts``): 4 added 94
-    alarms on one draw of 3M steps, 6 added 8, 8 none."""
+    cannot. At 8 (until the forty-fourth round) it took five: a bad batch of three steps at 4-5 of the detector's
+    sigmas each (the labeller's 8, against the twin's noise) went unseen (fresh seed 520650's run 141, test 123).
+    Checked by ``bench/calibrate.py`` against the false-alarm budget like ``cusum_h`` (Gaussian odds say little
+    here: three rows at 4 sigmas are ~10^-13 for Gaussian noise, and the heavy tails and the wander are what
+    the budget measures): on its ten draws (30M healthy steps) the alarms went 7 -> 8 (0.23 -> 0.27 per 10^6, a
+    spike on a log every 10 steps). On the 20 looked-at fresh seeds of labels v11: 9 more bad batches found (all
+    'info' notes), the faulted runs' false alarms 10 -> 9, right checkpoints 644 -> 642 and advice on 11 runs that
+    need none for 10: a spike that had come back read as going on into a later fault (520650's run 014), a
+    batch-1 run's own shift paged (141563's run 084), three rows near the clip soon after an LR burst's spike came
+    back read as its aftershock (822603's run 021)."""
+    burst_lasted_h: float = 8.0
+    """The burst CUSUM's sum inside an excursion that makes it one that lasted (``spike.SpikeScanner.lasted``: not a
+    blip, so a warning unless it is only a shift nothing corroborates): five rows at the clip, the interval
+    ``burst_h`` had before it was lowered to find three-row bursts. ``burst_h`` opens and notes an excursion,
+    this pages it, as ``tail_risk`` and ``alarm_risk`` do for one observation: with ``burst_h`` for both (as first
+    committed, e95286a) the ten calibration draws read 10 alarms for 8, the two more spikes three rows near the
+    clip in healthy noise."""
     change_point_margin: float = 1.92
-    """Log-likelihood (a generalised likelihood ratio, ``spike._change_point``) by which a later change point of the
-    bank's must explain the rows better than an earlier one to date the shift: half the 95% point of chi-squared
-    with one degree of freedom (3.84), a likelihood-ratio test at 5%. Within it the two fit alike, and the earlier
-    dates it: the advice then precedes all of the shift."""
+    """Log-likelihood (a generalised likelihood ratio, ``spike._change_point``) by which the later of two change
+    points of the bank's CUSUMs that alarm together must explain the rows better to date the shift; within it the
+    earlier dates it, and the advice precedes all of the shift. Half the 95% point of chi-squared with one degree
+    of freedom (3.84), the margin a likelihood-ratio test of one added parameter asks: a heuristic here, since two
+    change points are not nested models and a change point's likelihood ratio is not chi-squared (Hinkley 1970)."""
     cusum_guard: int = 32
     """The CUSUM measures against the lower of the level now and the level this many observations ago: it
     follows a falling loss at once and a rising one only after the guard, since a rise is what it judges.
@@ -243,7 +252,8 @@ class SpikeConfig:
         _check(self.cold_spread_obs >= 3, "cold_spread_obs must be >= 3")
         _check(self.cusum_k > 0 and self.cusum_h > 0, "cusum_k and cusum_h must be > 0")
         _check(self.burst_k > self.cusum_k and self.burst_h > 0, "need burst_k > cusum_k and burst_h > 0")
-        _check(self.change_point_margin >= 0, "change_point_margin must be >= 0")
+        _check(self.change_point_margin >= 0 and self.burst_lasted_h >= self.burst_h,
+               "need change_point_margin >= 0 and burst_lasted_h >= burst_h")
         _check(self.persist_obs >= 1 and self.recovery_obs >= 1 and self.patience_obs >= 1, "counts must be >= 1")
         _check(self.grad_min_ratio > 1 and self.cold_grad_ratio > 1, "ratios must be > 1")
 

@@ -230,7 +230,7 @@ class SpikeScanner:
                 trigger, rule = i, "shewhart"
                 break
             if any(p[j] for p in past):
-                trigger, (rule, zero) = i, self._change_point(sums, j, i)
+                trigger, (rule, zero) = i, self._change_point(sums, past, j, i)
                 break
         stop = n if trigger is None else trigger
         self._note_scanned(lo, stop, zl_c, zg_c, warm)
@@ -270,25 +270,27 @@ class SpikeScanner:
         lifted = len(z) > 0 and float(z.mean()) * math.sqrt(len(z)) >= self.ctx.config.divergence.growth_z
         return onset if lifted else first
 
-    def _change_point(self, sums: list[tuple[np.ndarray, np.ndarray]], j: int, i: int) -> tuple[str, int]:
-        """(rule, last zero) of the CUSUM that dates the shift at row ``j`` of this pass (row ``i`` of the segment),
-        where one of the bank passed its decision interval. Each CUSUM's last zero is its own estimate of where the
-        shift began, whether it has alarmed yet or not, and they disagree (the slow one's zero lies further back).
-        The members differ only in their reference value ``k``, so they sum the same clipped residuals: ``S`` over
-        the ``m`` rows since a zero is that CUSUM's sum plus ``k m``, and the generalised likelihood ratio of a shift
-        of unknown size from there, ``S^2 / 2m`` (Siegmund and Venkatraman 1995), is how well a shift from that zero
-        explains the rows. A later zero dates it only where it explains them significantly better
-        (``change_point_margin``): a burst of far-out rows after a drift the slow one had been summing is dated at
-        the burst (fresh seed 9881's run 107: a five-step bad batch at step 401, dated 354 by the slow CUSUM's
-        zero); a sustained lift or a gradual rise, which the two explain alike, at its start, though the burst
-        CUSUM alarms first on its rows near the clip (test 79's and test 88's guards)."""
+    def _change_point(self, sums: list[tuple[np.ndarray, np.ndarray]], past: list[np.ndarray], j: int,
+                      i: int) -> tuple[str, int]:
+        """(rule, last zero) of the CUSUM that dates the shift, among those of the bank past their decision interval
+        at row ``j`` of this pass (row ``i`` of the segment). Each CUSUM's last zero is its own estimate of where the
+        shift began; when two alarm at once they disagree (the slow one's zero lies further back). The members
+        differ only in their reference value ``k``, so they sum the same clipped residuals: ``S`` over the ``m``
+        rows since a zero is that CUSUM's sum plus ``k m``, and the generalised likelihood ratio of a shift of
+        unknown size from there, ``S^2 / 2m`` (Siegmund and Venkatraman 1995), is how well a shift from that zero
+        explains the rows. The later zero dates it only where it explains them better by ``change_point_margin``:
+        a burst of far-out rows after a drift the slow one had been summing is dated at the burst (fresh seed 9881's
+        run 107: a five-step bad batch at step 401, dated 354 by the slow CUSUM's zero); a gradual rise both alarm
+        on, which they explain alike, at its start (test 79's guard: a hump whose rows reach the clip as the slow
+        sum passes its interval). One that alarms alone dates it. Ties go to the bank's order (the slow one)."""
         fits = []
-        for (s, zero), (k, _, rule) in zip(sums, self.bank):
+        for order, ((s, zero), fired, (k, _, rule)) in enumerate(zip(sums, past, self.bank)):
             m = i - int(zero[j])
-            if m > 0 and s[j] > 0:
-                fits.append(((s[j] + k * m) ** 2 / (2 * m), int(zero[j]), rule))
-        best = max(glr for glr, _, _ in fits)
-        zero, rule = min((z, r) for glr, z, r in fits if glr >= best - self.cfg.change_point_margin)
+            if fired[j] and m > 0:
+                fits.append(((s[j] + k * m) ** 2 / (2 * m), int(zero[j]), order, rule))
+        best = max(fit[0] for fit in fits)
+        _, zero, _, rule = min((fit for fit in fits if fit[0] >= best - self.cfg.change_point_margin),
+                               key=lambda fit: (fit[1], fit[2]))
         return rule, zero
 
     def _guarded(self, level: np.ndarray, lo: int, n: int) -> np.ndarray:
@@ -634,11 +636,11 @@ class SpikeScanner:
 
     def lasted(self, zl: np.ndarray, far: np.ndarray) -> bool:
         """An excursion with residuals ``zl`` lasted: ``persist_obs`` far-out observations in a row, its clipped
-        residuals summing past ``cusum_h`` over it, or the burst CUSUM passing ``burst_h`` inside it."""
+        residuals summing past ``cusum_h`` over it, or the burst CUSUM passing ``burst_lasted_h`` inside it."""
         clipped = np.minimum(np.where(np.isfinite(zl), zl, 0.0), self.winsor)
         burst = cusum(clipped - self.cfg.burst_k, 0.0, 0, 0)[0]
         return bool(_longest_run(far) >= self.cfg.persist_obs or np.sum(clipped - self.cfg.cusum_k) >= self.cfg.cusum_h
-                    or (len(burst) and burst.max() > self.cfg.burst_h))
+                    or (len(burst) and burst.max() > self.cfg.burst_lasted_h))
 
     def _restart_after(self, ep: Episode, last: int) -> None:
         """Keep the episode out of every later baseline and scan again after ``last``."""

@@ -2640,14 +2640,16 @@ def test_88_guard_an_excursion_that_alarmed_before_the_raise_keeps_its_onset(see
     """A lift of 3 noise sigmas from row 600, which the CUSUM alarms on by itself by row 621, then the LR x3 from
     640: the lift began at 600 and the raise came after the alarm, so the onset stays 600. The baseline follows the
     lift and calls it back after 24-32 rows; a rise out again from the raise's first consequence on (641) is an
-    incident of its own (a cause between, test 106), one that began before the raise the same one's tail."""
+    incident of its own (a cause between, test 106), one that began before the raise the same one's tail. A CUSUM's
+    zero dates the lift within a row of its start: its first row reads under the burst CUSUM's reference (2 sigmas)
+    about one time in six, and where that CUSUM alarms first (from 3 rows at the clip, test 123) it dates it 601."""
     n = 1000
     loss, grad = loss_curve(n, seed=seed), grad_curve(n, seed=seed + 10)
     lr = np.full(n, 1e-3)
     lr[640:] *= 3.0
     loss[600:] += 0.09
     f, *later = analyze(rows_table(np.arange(n), loss=loss, grad_norm=grad, lr=lr)).findings
-    assert f.onset_step == 600 and f.evidence["trigger_step"] < 640, f
+    assert abs(f.onset_step - 600) <= 1 and f.evidence["trigger_step"] < 640, f
     assert all(g.onset_step >= 641 and g.severity == "info" for g in later), later
 
 
