@@ -249,6 +249,7 @@ def poisson_upper(count: int, level: float = 0.95) -> float:
 SWEEPS = {  # (component, field): values around the shipped one
     ("spike", "cusum_h"): [16, 24, 32, 40, 50, 60],
     ("spike", "burst_h"): [4.0, 5.9, 8.0, 10.0, 14.0, 20.0],
+    ("spike", "burst_lasted_h"): [5.9, 8.0, 10.0, 14.0],
     ("spike", "z_trigger"): [5.0, 6.0, 7.0, 8.0],
     ("scaler", "skip_h"): [10, 15, 20, 30],
     ("scaler", "min_halvings"): [3.0, 4.0, 5.0, 6.0],
@@ -260,7 +261,12 @@ SWEEPS = {  # (component, field): values around the shipped one
 
 
 def with_value(config: DetectorConfig, component: str, field: str, value: float) -> DetectorConfig:
-    part = dataclasses.replace(getattr(config, component), **{field: value})
+    """``config`` with one threshold moved. The burst CUSUM's noting bar moved past its paging bar takes the paging
+    bar with it (``burst_lasted_h`` >= ``burst_h``: a burst it does not note cannot page)."""
+    values = {field: value}
+    if (component, field) == ("spike", "burst_h"):
+        values["burst_lasted_h"] = max(config.spike.burst_lasted_h, value)
+    part = dataclasses.replace(getattr(config, component), **values)
     return dataclasses.replace(config, **{component: part})
 
 

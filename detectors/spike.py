@@ -9,7 +9,8 @@ Two rules open an excursion, the classic combined chart (Montgomery):
   raised LR lifting the loss 3 sigma for 20 steps sums to ~50); and a second
   CUSUM of the same residuals above ``burst_k`` past ``burst_h`` for a short
   burst (a bad batch of a few steps at 4-6 sigma: Lorden's bank of CUSUMs,
-  one per size of shift worth catching).
+  one per size of shift worth catching), which notes three rows near the clip
+  and counts as lasting only past ``burst_lasted_h``.
 Onset is the first observation of the elevated run (either signal: BLOOM's
 gradient norm moved first), or the CUSUM's change point; where the alarm came
 only after an LR raise off the schedule, and the rows before the raise carry
@@ -21,7 +22,8 @@ finding records ``recovery_steps`` and the ``lasting_cost`` (how far above the
 projected trend the loss stays afterwards).
 
 Severity: one or two far-out observations that came straight back are 'info'
-(a bad batch, a gradient-norm blip: outside the alarm budget); an excursion
+(a bad batch, a gradient-norm blip: outside the alarm budget), and so is a
+short burst under ``burst_lasted_h``; an excursion
 that persisted is a 'warning'; one still out after ``patience_obs``
 observations, or that came back with a lasting cost, is 'critical' and needs
 action. An excursion that follows the LR returning to a level the run
@@ -288,8 +290,9 @@ class SpikeScanner:
             m = i - int(zero[j])
             if fired[j] and m > 0:
                 fits.append(((s[j] + k * m) ** 2 / (2 * m), int(zero[j]), order, rule))
-        best = max(fit[0] for fit in fits)
-        _, zero, _, rule = min((fit for fit in fits if fit[0] >= best - self.cfg.change_point_margin),
+        best = max(fit[0] for fit in fits)  # two members from one zero differ by rounding only: a tie
+        near = best - self.cfg.change_point_margin - 1e-9 * max(1.0, best)
+        _, zero, _, rule = min((fit for fit in fits if fit[0] >= near),
                                key=lambda fit: (fit[1], fit[2]))
         return rule, zero
 
@@ -625,8 +628,9 @@ class SpikeScanner:
         self._restart_after(ep, last)
 
     def _persistent(self, ep: Episode, loss: np.ndarray, end: int) -> bool:
-        """The excursion lasted (the ``classify`` test): consecutive far-out observations, or a CUSUM sum past
-        its interval over the episode. A blip is the run's own tail, not an incident worth excluding."""
+        """The excursion lasted (the ``classify`` test, ``lasted``): consecutive far-out observations, or a CUSUM
+        sum over the episode past ``cusum_h`` or ``burst_lasted_h``. A blip is the run's own tail, not an incident
+        worth excluding."""
         zl, _ = self.residuals(ep, loss, ep.onset, end)
         zl_c = np.nan_to_num(zl, nan=-np.inf)
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -823,7 +827,7 @@ def classify(sc: SpikeScanner, ep: Episode, obs: Observations) -> Finding | None
     z = np.nan_to_num(zl, nan=-np.inf)
     top = onset + int(np.argmax(z)) if len(z) else onset
     jump = lr_jump_inside(steps, obs["lr"], onset, top, sc.ctx.config.lr, sc.ctx.history, trained_lr=sc.ctx.trained_lr)
-    if jump is not None and np.median(z[:jump - onset]) < cfg.z_band and z[jump - onset - 1] <= cfg.z_band:
+    if jump is not None and np.median(z[:jump - onset]) < cfg.z_band and z[jump - onset - 1] < cfg.z_band:
         # The loss was in band until the LR jumped (most rows before it, and the last): the excursion began with the
         # jump's first consequence. One already out of band when the LR jumped had begun (test 88's guard: a lift
         # of 4 sigmas three rows before an LR doubling, dated at its start by the burst CUSUM, two of its rows
@@ -1002,7 +1006,10 @@ def _lasting_cost(sc: SpikeScanner, ep: Episode, loss: np.ndarray, n: int) -> di
 
 
 def _message(ev: dict, onset_step: int, recovered: bool | None, loss_moved: bool, costly: bool) -> str:
-    blip = "one-step loss spike" if ev["observations_out_of_band"] <= 1 else "loss spike, one observation far out"
+    out = ev["observations_out_of_band"]
+    # Three rows near the clip the burst CUSUM noted have none past the single-observation bar (test 123).
+    blip = (f"short loss burst, {out} observations out of band" if ev["observations_far_out"] == 0 and out > 1
+            else "one-step loss spike" if out <= 1 else "loss spike, one observation far out")
     # A blip is a bad batch's look, unless the LR rose into it: then the LR is the cause the message names.
     guess = "" if ev.get("lr_raised") else " (a bad batch?)"
     what = ("loss spike" if not ev["blip"] else f"{blip}{guess}") if loss_moved else "gradient-norm blip"
@@ -1029,7 +1036,8 @@ def _message(ev: dict, onset_step: int, recovered: bool | None, loss_moved: bool
     else:
         text += "; not back to trend yet"
     if ev.get("uncorroborated") and not costly:
-        text += (" (a small shift alone: no observation far out" if ev["rule"] != "shewhart" else
+        alone = "a short burst" if ev["rule"] == "burst" else "a small shift"
+        text += (f" ({alone} alone: no observation far out" if ev["rule"] != "shewhart" else
                  f" (inside this run's own tail: no observation past its paging bar of {ev['alarm_sigmas']:.3g} sigmas")
         text += ", the LR and gradient norm steady; noted, not paged)"
     return text

@@ -11,7 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
-from calibrate import budget, main, poisson_upper  # noqa: E402
+from calibrate import SWEEPS, budget, main, poisson_upper, with_value  # noqa: E402
 
 from runwatch.detectors.config import DEFAULT  # noqa: E402
 
@@ -51,3 +51,12 @@ def test_a_sweep_of_a_misspelt_or_idle_threshold_is_refused_before_any_work(argv
     with pytest.raises(SystemExit) as stop:
         main(argv)
     assert stop.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_every_point_of_the_sweep_is_a_valid_config() -> None:
+    """Each swept value builds a config its checks accept (a review found ``burst_h`` 10-20 refused once
+    ``burst_lasted_h`` had to be at least it: the sweep crashed), and moves the threshold it names."""
+    for (component, field), values in SWEEPS.items():
+        for value in values:
+            cfg = with_value(DEFAULT, component, field, value)
+            assert getattr(getattr(cfg, component), field) == value, (component, field, value)

@@ -12,6 +12,7 @@ import gzip
 import json
 import math
 import warnings
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -2378,19 +2379,23 @@ def test_80_a_short_bad_batch_after_a_drift_is_dated_at_the_batch() -> None:
     401-405 lifts it 2x. Both CUSUMs of the bank alarm at 405; the slow one's last zero is 353, the burst's 400.
     The onset came from the slow one (listed first): 'sustained loss rise from step 354', 47 steps before the
     labelled bad batch. The generalised likelihood ratio of a shift from each zero (S^2 / 2m) picks the burst's.
-    Fails on HEAD~1 (onset 354)."""
+    Fails on HEAD~1 (onset 354). Since the forty-fourth round the burst CUSUM alarms alone, at 404 (three rows near
+    the clip, ``burst_h`` 5.9); at the interval of 8 both alarm at 405 and the burst's zero explains the rows better
+    by far more than ``change_point_margin`` (GLR ~37 against ~26): the later zero still wins there."""
     steps, cols = _fresh_run("f9881-107")
-    report = analyze(rows_table(steps, **cols))
-    [spike] = [f for f in report.findings if f.kind in ("spike", "divergence")]
-    assert (spike.kind, spike.onset_step, spike.evidence["rule"]) == ("spike", 401, "burst"), spike
+    for burst_h in (DEFAULT.spike.burst_h, 8.0):
+        config = replace(DEFAULT, spike=replace(DEFAULT.spike, burst_h=burst_h))
+        report = analyze(rows_table(steps, **cols), config=config)
+        [spike] = [f for f in report.findings if f.kind in ("spike", "divergence")]
+        assert (spike.kind, spike.onset_step, spike.evidence["rule"]) == ("spike", 401, "burst"), (burst_h, spike)
     # The CUSUMs' sums and zeros carry over between passes: the same choice.
-    _table_streams_alike(rows_table(steps, **cols), None, report.findings)
+    _table_streams_alike(rows_table(steps, **cols), None, analyze(rows_table(steps, **cols)).findings)
 
 
 @pytest.mark.parametrize("shift", [0.06, 0.09])
 def test_80_guard_a_sustained_shift_keeps_its_start(shift: float) -> None:
-    """A sustained shift of 2 or 3 sigmas from step 800 is dated at 800 whichever CUSUM dates it (a gradual rise:
-    test 79's guard, where only the slow one has alarmed when the rise is found)."""
+    """A sustained shift of 2 or 3 sigmas from step 800 is dated at 800 whichever CUSUM dates it (where both alarm
+    together, as on test 79's gradual rise, the two zeros explain the rows alike and the earlier dates it)."""
     n = 1200
     steps = np.arange(n)
     [found] = analyze(rows_table(steps, loss=loss_curve(n) + np.where(steps >= 800, shift, 0.0),
@@ -2805,9 +2810,10 @@ def test_a_blip_the_lr_threw_is_not_called_a_bad_batch() -> None:
     With the LR raised into it the LR is the cause named; the batch guess stays for a blip with no LR cause."""
     from runwatch.detectors.spike import _message
 
-    ev = {"observations_out_of_band": 1, "blip": True, "rule": "shewhart", "baseline_loss": 2.0, "peak_loss": 9.0,
-          "baseline_grad_norm": None, "peak_grad_norm": None, "grad_norm_moved_first": False, "lr_raised": True,
-          "lr_ratio": 47.0, "lr_scheduled": False, "lr_restart_step": None, "recovery_steps": 1}
+    ev = {"observations_out_of_band": 1, "observations_far_out": 1, "blip": True, "rule": "shewhart",
+          "baseline_loss": 2.0, "peak_loss": 9.0, "baseline_grad_norm": None, "peak_grad_norm": None,
+          "grad_norm_moved_first": False, "lr_raised": True, "lr_ratio": 47.0, "lr_scheduled": False,
+          "lr_restart_step": None, "recovery_steps": 1}
     thrown = _message(ev, 160, True, True, False)
     assert thrown.startswith("one-step loss spike from step 160") and "bad batch" not in thrown, thrown
     assert "(a bad batch?)" in _message({**ev, "lr_raised": False}, 160, True, True, False)
@@ -3750,14 +3756,18 @@ def test_123_a_three_step_bad_batch_is_found(case: str) -> None:
     62-step warm-up, noisy host. A bad batch of three steps at 226-228 (the loss 2.1 -> 3.96, 3.69, 3.78; the labeller
     sizes it 8.2 of its twin's sigmas) and one of a single step at 674 (1.26 -> 7.44). Each of the three rows is 4-5
     of the detector's sigmas, under the single-observation bar of 6, and the burst CUSUM (residuals clipped at 4,
-    less ``burst_k`` = 2, so at most 2 a row) needed a fourth row to pass 8. Fails on 52d7ad5 (674 found alone). Now
+    less ``burst_k`` = 2, so at most 2 a row) needed a fifth row to pass 8. Fails on 52d7ad5 (674 found alone). Now
     ``burst_h`` lets three rows near the clip pass it: both bad batches are 'info' notes, back at once, and nothing
-    needs action. The clean twin (the same batches without the fault) reads no loss finding at all. Streaming reads
-    it as offline does."""
+    needs action; the first is named for what it is, no row past the single-observation bar. The clean twin (the
+    same batches without the fault) reads no loss finding at all. Streaming reads it as offline does."""
     name = "f520650-141" + ("-twin" if case == "twin" else "")
     steps, cols = _fresh_run(name)
     report = _fresh_report_of("f520650-141", steps, cols)
     loss = [(f.onset_step, f.severity, f.self_recovered) for f in report.findings if f.kind in ("spike", "divergence")]
     assert loss == ([(226, "info", True), (674, "info", True)] if case == "faulty" else []), report.findings
+    if case == "faulty":
+        burst = report.findings[[f.onset_step for f in report.findings].index(226)]
+        assert burst.message.startswith("short loss burst, 3 observations out of band (a bad batch?)"), burst.message
+        assert "(a short burst alone: no observation far out" in burst.message, burst.message
     assert report.rollback is None, report.rollback
     _streams_alike("f520650-141", steps, cols, report)
