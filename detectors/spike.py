@@ -231,7 +231,7 @@ class SpikeScanner:
             if (loss_cand[j] and (zl_c[j] > thr_l or not warm[j])) or (grad_cand[j] and zg_c[j] > thr_g):
                 trigger, rule = i, "shewhart"
                 break
-            if any(p[j] for p in past):
+            if any(p[j] for p in past) and not self._burst_while_settling(sums, past, j):
                 trigger, (rule, zero) = i, self._change_point(sums, past, j, i)
                 break
         stop = n if trigger is None else trigger
@@ -271,6 +271,18 @@ class SpikeScanner:
         z = z[np.isfinite(z)]
         lifted = len(z) > 0 and float(z.mean()) * math.sqrt(len(z)) >= self.ctx.config.divergence.growth_z
         return onset if lifted else first
+
+    def _burst_while_settling(self, sums: list[tuple[np.ndarray, np.ndarray]], past: list[np.ndarray], j: int) -> bool:
+        """Only the burst CUSUM past its interval at row ``j``, under the bar that pages (``burst_lasted_h``), from
+        rows inside the last excursion's settling window (``_settles_in``): not yet an alarm. What comes out there
+        carries that excursion on (``_open``: its aftershock), and only what would page does so; three rows near
+        the clip a run's own noise puts there read a burst's spike that had come back as never back (fresh seed
+        822603's run 021) and a lift the run's own loss made before an LR jump as its start (209294's run 023)."""
+        last = self.closed[-1] if self.closed else None
+        if last is None or last.data.get("blip") or last.data.get("superseded") or past[0][j]:
+            return False
+        (s, zero), settled = sums[1], last.recovered_at + self.cfg.recovery_obs + self._settles_in(last)
+        return bool(s[j] <= self.cfg.burst_lasted_h and zero[j] + 1 < settled)
 
     def _change_point(self, sums: list[tuple[np.ndarray, np.ndarray]], past: list[np.ndarray], j: int,
                       i: int) -> tuple[str, int]:
@@ -827,11 +839,8 @@ def classify(sc: SpikeScanner, ep: Episode, obs: Observations) -> Finding | None
     z = np.nan_to_num(zl, nan=-np.inf)
     top = onset + int(np.argmax(z)) if len(z) else onset
     jump = lr_jump_inside(steps, obs["lr"], onset, top, sc.ctx.config.lr, sc.ctx.history, trained_lr=sc.ctx.trained_lr)
-    if jump is not None and np.median(z[:jump - onset]) < cfg.z_band and z[jump - onset - 1] < cfg.z_band:
-        # The loss was in band until the LR jumped (most rows before it, and the last): the excursion began with the
-        # jump's first consequence. One already out of band when the LR jumped had begun (test 88's guard: a lift
-        # of 4 sigmas three rows before an LR doubling, dated at its start by the burst CUSUM, two of its rows
-        # under the band).
+    if jump is not None and in_band_until(z[:jump - onset], cfg.z_band):
+        # The loss was in band until the LR jumped: the excursion began with the jump's first consequence.
         jump = min(first_consequence(steps, jump), top)
         zl, zg, onset = zl[jump - onset:], zg[jump - onset:], jump
     elif onset < top and first_consequence(steps, onset) == onset + 1 \
@@ -932,6 +941,15 @@ def classify(sc: SpikeScanner, ep: Episode, obs: Observations) -> Finding | None
     return Finding(kind="spike", onset_step=int(steps[onset]), end_step=int(steps[end]), peak_step=int(steps[peak_i]),
                    segment=sc.ctx.segment, severity=severity, self_recovered=recovered, needs_action=needs,
                    evidence=evidence, message=_message(evidence, steps[onset], recovered, loss_moved, costly))
+
+
+def in_band_until(z: np.ndarray, band: float) -> bool:
+    """Were the rows ``z`` (an excursion's residuals up to a cause inside it) in band: none out, or most of them from
+    the first one out on? A CUSUM dates a shift at its last zero, a few rows before the first row out of band (its
+    lead-in, summing a lift each row of which is under the band): those rows say nothing of the band (test 88's
+    guard, a 4-sigma lift dated two rows early by the burst CUSUM, moved past the LR doubling three rows in)."""
+    out = np.flatnonzero(z > band)
+    return not len(out) or bool(np.median(z[out[0]:]) < band)
 
 
 def patience_ran_out(steps: np.ndarray, onset: int, n: int, last_out: int, cfg: SpikeConfig) -> int | None:

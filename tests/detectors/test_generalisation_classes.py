@@ -3771,3 +3771,32 @@ def test_123_a_three_step_bad_batch_is_found(case: str) -> None:
         assert "(a short burst alone: no observation far out" in burst.message, burst.message
     assert report.rollback is None, report.rollback
     _streams_alike("f520650-141", steps, cols, report)
+
+
+# 124. A burst only the noting bar sees carries no excursion on, and a CUSUM's lead-in says nothing of the band.
+
+@pytest.mark.parametrize("name", ["f822603-021", "f209294-023"])
+def test_124_three_rows_near_the_clip_do_not_move_an_incident(name: str) -> None:
+    """Real CPU training, two runs the forty-fourth round's lower burst interval (three rows near the clip, test 123)
+    read worse; both pass on 8228f7c and fail on 80b98b0.
+
+    f822603-021 (fresh seed 822603's run 021, ``tests/fixtures/fresh``): fp32, batch 95, a multistep schedule, noisy
+    host, checkpoints every 42. An LR burst x289 at 800 throws the loss 1.0 -> 4.6 and it is back on its trend at
+    1044; the labeller: a spike that needs nothing. Three rows of the run's own noise near the clip inside its
+    settling window (its lasting cost's 32 rows) were read as its aftershock, the spike as never back, and
+    checkpoint 798 advised. In that window only what pages carries it on (``burst_lasted_h``).
+
+    f209294-023 (fresh seed 209294's run 023): fp32, batch 72, a step schedule, checkpoints every 23. The loss jumps
+    at 929 (8.3 sigmas, the clean twin's alike, no label) and wanders 2-3.5 sigmas up until an LR jump x13 at 996
+    that stays (the labeller's divergence from 997, right checkpoint 989). The rows before the jump are in band by
+    their median, as they were, and the last of them out, which the first reviewed version took as an excursion
+    under way: a divergence from 929, checkpoint 920. A row out just before the jump is no more than any other."""
+    steps, cols = _fresh_run(name)
+    report = _fresh_report_of(name, steps, cols)
+    loss = [(f.kind, f.onset_step, f.severity) for f in _alarms(report) if f.kind in ("spike", "divergence")]
+    if name == "f822603-021":
+        assert loss == [("spike", 801, "warning")] and report.rollback is None, (report.findings, report.rollback)
+    else:
+        assert ("divergence", 997, "critical") in loss and min(onset for _, onset, _ in loss if onset > 900) == 997, loss
+        assert report.rollback.checkpoint_step == 989, report.rollback
+    _streams_alike(name, steps, cols, report)
