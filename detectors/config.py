@@ -168,10 +168,10 @@ class SpikeConfig:
     here: three rows at 4 sigmas are ~10^-13 for Gaussian noise, and the heavy tails and the wander are what
     the budget measures): on its ten draws (30M healthy steps) the alarms went 7 -> 8 (0.23 -> 0.27 per 10^6, a
     spike on a log every 10 steps). On the 20 looked-at fresh seeds of labels v11: 9 more bad batches found (all
-    'info' notes), the faulted runs' false alarms 10 -> 9, right checkpoints 644 -> 642 and advice on 11 runs that
-    need none for 10: a spike that had come back read as going on into a later fault (520650's run 014), a
-    batch-1 run's own shift paged (141563's run 084), three rows near the clip soon after an LR burst's spike came
-    back read as its aftershock (822603's run 021)."""
+    'info' notes), the faulted runs' false alarms 10, right checkpoints 644 -> 643 (a batch-1 run's own shift paged
+    after a burst of its noise was noted, 141563's run 084), advice on 10 runs that need none as before. As first
+    committed and frozen (4a59475) 642 and 11: a lift of the run's own before an LR jump read as its start and
+    three rows near the clip soon after an LR burst's spike came back read as its aftershock (test 124)."""
     burst_lasted_h: float = 8.0
     """The burst CUSUM's sum inside an excursion that makes it one that lasted (``spike.SpikeScanner.lasted``: not a
     blip, so a warning unless it is only a shift nothing corroborates): five rows at the clip, the interval
