@@ -275,13 +275,13 @@ class SpikeScanner:
     def _burst_while_settling(self, sums: list[tuple[np.ndarray, np.ndarray]], past: list[np.ndarray], j: int) -> bool:
         """Only the burst CUSUM past its interval at row ``j``, under the bar that pages (``burst_lasted_h``), from
         rows inside the last excursion's settling window (``_settles_in``): not yet an alarm. What comes out there
-        carries that excursion on (``_open``: its aftershock), and only what would page does so; three rows near
-        the clip a run's own noise puts there read a burst's spike that had come back as never back (fresh seed
-        822603's run 021) and a lift the run's own loss made before an LR jump as its start (209294's run 023)."""
+        carries that excursion on (``_open``: its aftershock), and only what would page does so: three rows near
+        the clip a run's own noise put there read a burst's spike that had come back as never back (fresh seed
+        822603's run 021, test 124)."""
         last = self.closed[-1] if self.closed else None
-        if last is None or last.data.get("blip") or last.data.get("superseded") or past[0][j]:
+        if last is None or last.data.get("blip") or last.data.get("superseded") or past[0][j]:  # the slow one alarms
             return False
-        (s, zero), settled = sums[1], last.recovered_at + self.cfg.recovery_obs + self._settles_in(last)
+        (s, zero), settled = sums[1], last.recovered_at + self.cfg.recovery_obs + self._settles_in(last)  # the burst
         return bool(s[j] <= self.cfg.burst_lasted_h and zero[j] + 1 < settled)
 
     def _change_point(self, sums: list[tuple[np.ndarray, np.ndarray]], past: list[np.ndarray], j: int,
