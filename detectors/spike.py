@@ -278,11 +278,19 @@ class SpikeScanner:
         carries that excursion on (``_open``: its aftershock), and only what would page does so: three rows near
         the clip a run's own noise put there read a burst's spike that had come back as never back (fresh seed
         822603's run 021, test 124)."""
-        last = self.closed[-1] if self.closed else None
-        if last is None or last.data.get("blip") or last.data.get("superseded") or past[0][j]:  # the slow one alarms
+        if past[0][j]:  # the slow one alarms too
             return False
-        (s, zero), settled = sums[1], last.recovered_at + self.cfg.recovery_obs + self._settles_in(last)  # the burst
-        return bool(s[j] <= self.cfg.burst_lasted_h and zero[j] + 1 < settled)
+        s, zero = sums[1]  # the burst CUSUM
+        return bool(s[j] <= self.cfg.burst_lasted_h and zero[j] + 1 < self._settling_until())
+
+    def _settling_until(self) -> int:
+        """The first row after the last closed excursion's settling window (``_settles_in`` rows after the
+        ``recovery_obs`` that ended it), or -1 when none is settling: a blip was over at once, and a superseded one
+        ended where the next incident began."""
+        last = self.closed[-1] if self.closed else None
+        if last is None or last.data.get("blip") or last.data.get("superseded"):
+            return -1
+        return last.recovered_at + self.cfg.recovery_obs + self._settles_in(last)
 
     def _change_point(self, sums: list[tuple[np.ndarray, np.ndarray]], past: list[np.ndarray], j: int,
                       i: int) -> tuple[str, int]:
@@ -379,8 +387,7 @@ class SpikeScanner:
         have lifted is in it."""
         loss = obs["loss"]
         last = self.closed[-1] if self.closed else None
-        if last is not None and not last.data.get("blip") and not last.data.get("superseded") \
-                and onset - (last.recovered_at + self.cfg.recovery_obs) < self._settles_in(last) \
+        if onset < self._settling_until() \
                 and not self._lr_stepped_up(obs["lr"], last.recovered_at, onset - 1) \
                 and self._fresh_excursion(last, loss, trigger, trigger + 1,
                                           self._recent(last, loss, trigger, trigger + 1)) > 0:
