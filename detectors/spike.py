@@ -14,7 +14,8 @@ Two rules open an excursion, the classic combined chart (Montgomery):
 Onset is the first observation of the elevated run (either signal: BLOOM's
 gradient norm moved first), or the CUSUM's change point; where the alarm came
 only after an LR raise off the schedule, and the rows before the raise carry
-no lift of their own, the raise's first consequence. The baseline is frozen
+no lift of their own (or one back in band by the raise), the raise's first
+consequence. The baseline is frozen
 where the statistics dated the change; the excursion ends when the loss (and,
 for one the gradient norm led, the gradient norm) stays inside the band of the pre-onset
 trend carried forward for ``recovery_obs`` observations, however late: the
@@ -264,13 +265,18 @@ class SpikeScanner:
         # above the level at the onset, in the scale with the wander and clipped as the CUSUM clips them, carry a lift
         # of their own, and the excursion began with them (a 4-sigma lift three rows before an LR doubling: a
         # checkpoint inside it).
-        level = self._baselines(obs["loss"], onset, onset + 1)[0][0]
+        level, scale = (float(v[0]) for v in self._baselines(obs["loss"], onset, onset + 1)[:2])
         total = self.loss_base.total_scale(onset, onset + 1)[0]
         with np.errstate(invalid="ignore"):
             z = np.minimum((obs["loss"][onset:first] - level) / total, self.winsor)
+            # A lift that came back before the raise (``recovery_obs`` rows in band, as an episode ends) was over:
+            # what the raise brought is an incident of its own (fresh seed 551533's run 024, a bump of the run's own
+            # noise at 756, its clean twin's alike, back by 760, an LR growing from 767: checkpoint 720 for 765).
+            back = np.nan_to_num((obs["loss"][first - self.cfg.recovery_obs:first] - level) / scale, nan=np.inf)
         z = z[np.isfinite(z)]
         lifted = len(z) > 0 and float(z.mean()) * math.sqrt(len(z)) >= self.ctx.config.divergence.growth_z
-        return onset if lifted else first
+        over = first - onset > self.cfg.recovery_obs and bool(np.all(back <= self.cfg.z_band))
+        return onset if lifted and not over else first
 
     def _burst_while_settling(self, sums: list[tuple[np.ndarray, np.ndarray]], past: list[np.ndarray], j: int) -> bool:
         """Only the burst CUSUM past its interval at row ``j``, under the bar that pages (``burst_lasted_h``), from
@@ -401,7 +407,8 @@ class SpikeScanner:
             self.closed.pop()
             last.recovered_at, last.carry, last.end = None, 0, trigger
             last.data["below"] = last.data["above"] = 0  # judged afresh (what came before the recovery is settled)
-            last.data["loss_moved"] = last.data.get("loss_moved", False) or self._loss_far(loss, onset, trigger + 1)
+            last.data["loss_moved"] = last.data.get("loss_moved", False) or bool(self.far_out(last, loss, onset,
+                                                                                               trigger + 1).any())
             self.episode = last
             self.pos = self._noted = trigger + 1
             self.streak = None
@@ -426,7 +433,12 @@ class SpikeScanner:
             "floor": min(floor, level),
             "t0": float(self.coord.view[anchor]), "thr_loss": thr_l, "thr_grad": thr_g,
             "alarm_loss": alarm_l},
-            data={"grad_led": led_by == 1 and rule == "shewhart", "loss_moved": self._loss_far(loss, onset, trigger + 1)})
+            data={"grad_led": led_by == 1 and rule == "shewhart"})
+        # Judged against the baseline just frozen, as ``_follow`` and ``classify`` judge every later row: the live
+        # one at the trigger has taken in the rows the excursion lifted since its onset (fresh seed 431310's run 102:
+        # a loss 6.8 sigmas out at the trigger read as not moved, and the episode, led by a gradient norm that settled
+        # at a new level, stayed open 474 steps and swallowed the burst that needed action).
+        self.episode.data["loss_moved"] = bool(self.far_out(self.episode, loss, onset, trigger + 1).any())
         self.pos = trigger + 1
         self._noted = self.pos
         self.streak = None
@@ -446,14 +458,6 @@ class SpikeScanner:
         v = v[np.isfinite(v) & (v > 0)]
         return bool(np.any(v[1:] >= self.ctx.config.lr.raise_factor * v[:-1]))
 
-    def _loss_far(self, loss: np.ndarray, lo: int, hi: int) -> bool:
-        """Did the loss itself go past the trigger threshold in lo..hi-1 (against the live baseline)?"""
-        level, scale, _, _, _ = self._baselines(loss, lo, hi)
-        thr, _ = self._thresholds()
-        with np.errstate(invalid="ignore", divide="ignore"):
-            far = ((loss[lo:hi] - level) / scale > thr) & ((loss[lo:hi] - level) / np.abs(level) >= self.cfg.min_rise)
-        return bool(np.any(far))
-
     # -- following an episode ---------------------------------------------------------------------
 
     def projection(self, ep: Episode, lo: int, hi: int) -> np.ndarray:
@@ -461,6 +465,14 @@ class SpikeScanner:
         f = ep.frozen
         dt = np.clip(self.coord.view[lo:hi] - f["t0"], 0.0, f["span"])
         return np.maximum(f["level"] + f["slope"] * dt, f["floor"])
+
+    def far_out(self, ep: Episode, loss: np.ndarray, lo: int, hi: int) -> np.ndarray:
+        """Rows lo..hi-1 where the loss itself is far out: past the opening bar (``thr_loss``) of the episode's frozen
+        baseline and ``min_rise`` above its projected trend. What "the loss moved" means, wherever it is asked."""
+        zl, _ = self.residuals(ep, loss, lo, hi)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            rise = (loss[lo:hi] - self.projection(ep, lo, hi)) / abs(ep.frozen["level"])
+        return (np.nan_to_num(zl, nan=-np.inf) > ep.frozen["thr_loss"]) & (rise >= self.cfg.min_rise)
 
     def residuals(self, ep: Episode, loss: np.ndarray, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
         f = ep.frozen
@@ -477,9 +489,7 @@ class SpikeScanner:
             if ep.data["grad_led"]:
                 # Led by the gradient norm: until the loss itself moves, the gradient norm must come back too;
                 # once the loss moved, the loss decides (a norm that settles at a new level is a new regime).
-                rise = (loss[lo:n] - self.projection(ep, lo, n)) / abs(ep.frozen["level"])
-                moved = np.maximum.accumulate((np.nan_to_num(zl, nan=-np.inf) > ep.frozen["thr_loss"])
-                                              & (rise >= cfg.min_rise)) | ep.data.get("loss_moved", False)
+                moved = np.maximum.accumulate(self.far_out(ep, loss, lo, n)) | ep.data.get("loss_moved", False)
                 ok &= moved | np.isnan(zg) | (zg <= cfg.z_band)
         start, ep.carry = first_run(ok, cfg.recovery_obs, ep.carry)
         # Each way an episode can end is decided at one observation, the earliest wins (ties in this order), so
@@ -858,9 +868,7 @@ def classify(sc: SpikeScanner, ep: Episode, obs: Observations) -> Finding | None
         zl, zg, onset = zl[1:], zg[1:], onset + 1
     zl_c, zg_c = np.nan_to_num(zl, nan=-np.inf), np.nan_to_num(zg, nan=-np.inf)
     base = f["level"]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        rise = (loss[onset:end + 1] - sc.projection(ep, onset, end + 1)) / abs(base)
-    far = (zl_c > f["thr_loss"]) & (rise >= cfg.min_rise)
+    far = sc.far_out(ep, loss, onset, end + 1)
     num_far, num_out = int(far.sum()), int((zl_c > cfg.z_band).sum())
     loss_moved = num_far > 0 or ep.rule != "shewhart"  # a CUSUM of the bank fired: the loss moved
     grad_far = math.isfinite(f["glevel"]) and bool(np.any((zg_c > f["thr_grad"]) & (zg_c * f["gscale"] >= math.log(cfg.grad_min_ratio))))

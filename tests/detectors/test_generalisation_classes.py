@@ -3801,3 +3801,54 @@ def test_124_three_rows_near_the_clip_do_not_move_an_incident(name: str) -> None
         assert ("divergence", 997, "critical") in loss and min(later) == 997, loss
         assert report.rollback.checkpoint_step == 989, report.rollback
     _streams_alike(name, steps, cols, report)
+
+
+# 125. Whether the loss moved is read against the baseline the episode froze, from its onset on.
+
+def test_125_a_gradient_led_spike_whose_loss_moved_closes_when_the_loss_is_back() -> None:
+    """Real CPU training (fresh seed 431310's run 102, ``tests/fixtures/fresh``): fp32, batch 35, cosine with warm
+    restarts after a 27-step warm-up, checkpoints every 33. An LR burst x28 at 62 lifts the gradient norm first and the
+    loss to 6.8 of the detector's sigmas at 68 (the labeller: a spike that needs nothing); an LR burst x52 at 466
+    throws the loss 1.3 -> 6 and it never gets back to its clean twin's level (a spike that needs action, the right
+    checkpoint 462). An episode the gradient norm led closes on the loss alone once the loss itself moved, and the loss
+    here is back under its level by 75; but "moved" was read at the opening against the live baseline, which had taken
+    in the rows lifted since the onset, and said no. The gradient norm, which early training settles ~45% higher, then
+    held the episode open for 474 steps: the second burst was inside it, one 'warning' came back at 536, and no
+    advice was given. Fails on da9c701. Read against the frozen baseline as every later row is, the first burst is a
+    note back at 68 and the second a critical spike of its own. Streaming reads it as offline does."""
+    steps, cols = _fresh_run("f431310-102")
+    report = _fresh_report_of("f431310-102", steps, cols)
+    loss = [(f.onset_step, f.end_step, f.severity) for f in report.findings if f.kind in ("spike", "divergence")]
+    assert loss == [(63, 68, "info"), (467, 547, "critical")], report.findings
+    assert report.rollback is not None and report.rollback.checkpoint_step == 462, report.rollback
+    _streams_alike("f431310-102", steps, cols, report)
+
+
+# 126. A lift of the loss's own that came back before an LR raise is over: the raise's incident begins with the raise.
+
+@pytest.mark.parametrize("name", ["f551533-024", "f685406-129"])
+def test_126_a_lift_back_in_band_before_an_lr_raise_does_not_date_its_incident(name: str) -> None:
+    """Real CPU training, two runs whose LR grows off the schedule and stays up (the labeller: a divergence from the
+    growth's first consequence).
+
+    f551533-024 (fresh seed 551533's run 024, ``tests/fixtures/fresh``): fp32, batch 4, a multistep schedule, noisy
+    host, checkpoints every 45. A bump of the run's own noise at 756-761 (the loss 1.0 -> 5.3; the clean twin, the
+    same run until the growth, alike), back in band from 760; the LR grows from 767. The CUSUM alarmed only at 849,
+    after the growth, and its last zero was 756; the rows from there to the growth stand above the level (the bump),
+    so the onset stayed 756 and checkpoint 720 was advised for 765.
+
+    f685406-129 (fresh seed 685406's run 129): fp32, batch 17, constant LR, checkpoints every 69. Two rows out at
+    277-278, the loss wandering ~1 sigma up after them; the LR grows from 301 (x1.055 a step). Dated 277, checkpoint
+    207 for 276.
+
+    The rows before the raise were back in band for ``recovery_obs`` rows, as an episode ends: that lift was over, and
+    the incident begins with the raise. A lift still out of band when the raise came is kept (test 88's first guard;
+    one out of band for as long alarms before the raise by itself, its second guard). Both fail on da9c701. Streaming
+    reads them as offline does."""
+    steps, cols = _fresh_run(name)
+    report = _fresh_report_of(name, steps, cols)
+    loss = [(f.kind, f.onset_step, f.severity) for f in report.findings if f.kind in ("spike", "divergence")]
+    onset, checkpoint = (768, 765) if name == "f551533-024" else (302, 276)
+    assert loss == [("divergence", onset, "critical")], report.findings
+    assert report.rollback is not None and report.rollback.checkpoint_step == checkpoint, report.rollback
+    _streams_alike(name, steps, cols, report)
