@@ -14,7 +14,7 @@ Two rules open an excursion, the classic combined chart (Montgomery):
 Onset is the first observation of the elevated run (either signal: BLOOM's
 gradient norm moved first), or the CUSUM's change point; where the alarm came
 only after an LR raise off the schedule, and the rows before the raise carry
-no lift of their own (or one back in band by the raise), the raise's first
+no lift of their own (or one that was over by the raise), the raise's first
 consequence. The baseline is frozen
 where the statistics dated the change; the excursion ends when the loss (and,
 for one the gradient norm led, the gradient norm) stays inside the band of the pre-onset
@@ -254,29 +254,38 @@ class SpikeScanner:
     def _not_before_its_cause(self, obs: Observations, onset: int, trigger: int) -> int:
         """The onset, or the first consequence of an LR raise off the schedule the alarm came after (``raise_after``):
         fresh seed 158901's run 081, the LR growing from 776, the CUSUM's last zero at 762, the divergence dated 763
-        and checkpoint 688 advised for 774. Unless the rows before it carry a lift of their own (below). Read from the
-        rows up to the trigger alone, so a stream dates it as the whole run does."""
+        and checkpoint 688 advised for 774. Unless the rows before it carry a lift of their own that was still there
+        when the raise came (below). Read from the rows up to the trigger alone, so a stream dates it as the whole run
+        does."""
         if "lr" not in obs:
             return onset
         first = raise_after(obs["step"], obs["lr"], onset, trigger, trigger, self.ctx.config.lr, self.ctx.trained_lr)
         if first is None:
             return onset
-        # Not enough to alarm on is not nothing: rows before the raise whose mean stands ``growth_z`` standard errors
-        # above the level at the onset, in the scale with the wander and clipped as the CUSUM clips them, carry a lift
-        # of their own, and the excursion began with them (a 4-sigma lift three rows before an LR doubling: a
-        # checkpoint inside it).
-        level, scale = (float(v[0]) for v in self._baselines(obs["loss"], onset, onset + 1)[:2])
+        # Not enough to alarm on is not nothing: rows whose mean stands ``growth_z`` standard errors above the level
+        # at the onset, in the scale with the wander and clipped as the CUSUM clips them, carry a lift of their own (a
+        # 4-sigma lift three rows before an LR doubling: a checkpoint inside it). The excursion began with them if
+        # the rows before the raise do, and so does its latest ``recovery_obs``, each in band or not: a lift whose
+        # last rows are in band and no longer lifted was over (as an episode ends), and the raise's is an incident of
+        # its own (fresh seed 685406's run 129: two rows out at 277, the loss ~1 sigma up after them, an LR growing
+        # from 301, checkpoint 207 advised for 276).
+        loss, m = obs["loss"], self.cfg.recovery_obs
+        level, scale = (float(v[0]) for v in self._baselines(loss, onset, onset + 1)[:2])
         total = self.loss_base.total_scale(onset, onset + 1)[0]
+
+        def lift(lo: int) -> float:  # the mean of rows lo..first-1 in standard errors
+            with np.errstate(invalid="ignore"):
+                z = np.minimum((loss[lo:first] - level) / total, self.winsor)
+            z = z[np.isfinite(z)]
+            return float(z.mean()) * math.sqrt(len(z)) if len(z) else -math.inf
+
+        growth_z = self.ctx.config.divergence.growth_z
+        if lift(onset) < growth_z:
+            return first
         with np.errstate(invalid="ignore"):
-            z = np.minimum((obs["loss"][onset:first] - level) / total, self.winsor)
-            # A lift that came back before the raise (``recovery_obs`` rows in band, as an episode ends) was over:
-            # what the raise brought is an incident of its own (fresh seed 551533's run 024, a bump of the run's own
-            # noise at 756, its clean twin's alike, back by 760, an LR growing from 767: checkpoint 720 for 765).
-            back = np.nan_to_num((obs["loss"][first - self.cfg.recovery_obs:first] - level) / scale, nan=np.inf)
-        z = z[np.isfinite(z)]
-        lifted = len(z) > 0 and float(z.mean()) * math.sqrt(len(z)) >= self.ctx.config.divergence.growth_z
-        over = first - onset > self.cfg.recovery_obs and bool(np.all(back <= self.cfg.z_band))
-        return onset if lifted and not over else first
+            latest_out = np.nan_to_num((loss[first - m:first] - level) / scale, nan=np.inf) > self.cfg.z_band
+        over = first - onset > m and not latest_out.any() and lift(first - m) < growth_z
+        return first if over else onset
 
     def _burst_while_settling(self, sums: list[tuple[np.ndarray, np.ndarray]], past: list[np.ndarray], j: int) -> bool:
         """Only the burst CUSUM past its interval at row ``j``, under the bar that pages (``burst_lasted_h``), from
@@ -579,10 +588,8 @@ class SpikeScanner:
         if recent is None:
             return n - lo
         a, zl, zg = recent
-        with np.errstate(invalid="ignore", divide="ignore"):
-            rise = (loss[a:n] - self.projection(ep, a, n)) / abs(ep.frozen["level"])
         thr = ep.frozen["thr_loss"]
-        far = (np.nan_to_num(zl, nan=-np.inf) > thr) & (rise >= cfg.min_rise)
+        far = self.far_out(ep, loss, a, n)
         if not far[w:].any():
             return n - lo
         z = np.nan_to_num(zl, nan=np.inf)  # a missing value is not back in band
@@ -661,11 +668,7 @@ class SpikeScanner:
         sum over the episode past ``cusum_h`` or ``burst_lasted_h``. A blip is the run's own tail, not an incident
         worth excluding."""
         zl, _ = self.residuals(ep, loss, ep.onset, end)
-        zl_c = np.nan_to_num(zl, nan=-np.inf)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            rise = (loss[ep.onset:end] - self.projection(ep, ep.onset, end)) / abs(ep.frozen["level"])
-        far = (zl_c > ep.frozen["thr_loss"]) & (rise >= self.cfg.min_rise)
-        return self.lasted(zl, far)
+        return self.lasted(zl, self.far_out(ep, loss, ep.onset, end))
 
     def lasted(self, zl: np.ndarray, far: np.ndarray) -> bool:
         """An excursion with residuals ``zl`` lasted: ``persist_obs`` far-out observations in a row, its clipped
