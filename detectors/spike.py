@@ -14,8 +14,7 @@ Two rules open an excursion, the classic combined chart (Montgomery):
 Onset is the first observation of the elevated run (either signal: BLOOM's
 gradient norm moved first), or the CUSUM's change point; where the alarm came
 only after an LR raise off the schedule, and the rows before the raise carry
-no lift of their own (or one that was over by the raise), the raise's first
-consequence. The baseline is frozen
+no lift of their own, the raise's first consequence. The baseline is frozen
 where the statistics dated the change; the excursion ends when the loss (and,
 for one the gradient norm led, the gradient norm) stays inside the band of the pre-onset
 trend carried forward for ``recovery_obs`` observations, however late: the
@@ -254,38 +253,24 @@ class SpikeScanner:
     def _not_before_its_cause(self, obs: Observations, onset: int, trigger: int) -> int:
         """The onset, or the first consequence of an LR raise off the schedule the alarm came after (``raise_after``):
         fresh seed 158901's run 081, the LR growing from 776, the CUSUM's last zero at 762, the divergence dated 763
-        and checkpoint 688 advised for 774. Unless the rows before it carry a lift of their own that was still there
-        when the raise came (below). Read from the rows up to the trigger alone, so a stream dates it as the whole run
-        does."""
+        and checkpoint 688 advised for 774. Unless the rows before it carry a lift of their own (below). Read from the
+        rows up to the trigger alone, so a stream dates it as the whole run does."""
         if "lr" not in obs:
             return onset
         first = raise_after(obs["step"], obs["lr"], onset, trigger, trigger, self.ctx.config.lr, self.ctx.trained_lr)
         if first is None:
             return onset
-        # Not enough to alarm on is not nothing: rows whose mean stands ``growth_z`` standard errors above the level
-        # at the onset, in the scale with the wander and clipped as the CUSUM clips them, carry a lift of their own (a
-        # 4-sigma lift three rows before an LR doubling: a checkpoint inside it). The excursion began with them if
-        # the rows before the raise do, and so does its latest ``recovery_obs``, each in band or not: a lift whose
-        # last rows are in band and no longer lifted was over (as an episode ends), and the raise's is an incident of
-        # its own (fresh seed 685406's run 129: two rows out at 277, the loss ~1 sigma up after them, an LR growing
-        # from 301, checkpoint 207 advised for 276).
-        loss, m = obs["loss"], self.cfg.recovery_obs
-        level, scale = (float(v[0]) for v in self._baselines(loss, onset, onset + 1)[:2])
+        # Not enough to alarm on is not nothing: rows before the raise whose mean stands ``growth_z`` standard errors
+        # above the level at the onset, in the scale with the wander and clipped as the CUSUM clips them, carry a lift
+        # of their own, and the excursion began with them (a 4-sigma lift three rows before an LR doubling: a
+        # checkpoint inside it).
+        level = self._baselines(obs["loss"], onset, onset + 1)[0][0]
         total = self.loss_base.total_scale(onset, onset + 1)[0]
-
-        def lift(lo: int) -> float:  # the mean of rows lo..first-1 in standard errors
-            with np.errstate(invalid="ignore"):
-                z = np.minimum((loss[lo:first] - level) / total, self.winsor)
-            z = z[np.isfinite(z)]
-            return float(z.mean()) * math.sqrt(len(z)) if len(z) else -math.inf
-
-        growth_z = self.ctx.config.divergence.growth_z
-        if lift(onset) < growth_z:
-            return first
         with np.errstate(invalid="ignore"):
-            latest_out = np.nan_to_num((loss[first - m:first] - level) / scale, nan=np.inf) > self.cfg.z_band
-        over = first - onset > m and not latest_out.any() and lift(first - m) < growth_z
-        return first if over else onset
+            z = np.minimum((obs["loss"][onset:first] - level) / total, self.winsor)
+        z = z[np.isfinite(z)]
+        lifted = len(z) > 0 and float(z.mean()) * math.sqrt(len(z)) >= self.ctx.config.divergence.growth_z
+        return onset if lifted else first
 
     def _burst_while_settling(self, sums: list[tuple[np.ndarray, np.ndarray]], past: list[np.ndarray], j: int) -> bool:
         """Only the burst CUSUM past its interval at row ``j``, under the bar that pages (``burst_lasted_h``), from

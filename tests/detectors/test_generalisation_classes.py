@@ -3826,53 +3826,51 @@ def test_125_a_gradient_led_spike_whose_loss_moved_closes_when_the_loss_is_back(
     _streams_alike("f431310-102", steps, cols, report)
 
 
-# 126. A lift of the loss's own that was over before an LR raise does not date the raise's incident.
+# 126. A lift still there when an LR raise came keeps the incident's onset; the run's own wander there too (known).
 
-@pytest.mark.parametrize("name", ["f685406-129", "f911723-118"])
-def test_126_a_lift_over_before_an_lr_raise_does_not_date_its_incident(name: str) -> None:
-    """Real CPU training, two runs whose LR grows off the schedule and stays up (the labeller: a divergence from the
-    growth's first consequence). The CUSUM alarmed only after the growth, its last zero well before it, and the rows
-    from there to the growth stand ``growth_z`` standard errors above the level (a lift of their own), so the onset
-    stayed there: a checkpoint before a stretch of the run's own noise.
-
-    f685406-129 (fresh seed 685406's run 129, ``tests/fixtures/fresh``): fp32, batch 17, constant LR, checkpoints
-    every 69. Two rows out at 277-278, the loss ~1 sigma up after them; the LR grows x1.055 a step from 301. Dated
-    277, checkpoint 207 for 276.
-
-    f911723-118 (fresh seed 911723's run 118): fp16, batch 3, linear decay, checkpoints every 78; an LR ramp from 1886
-    riding the decay (the labeller: a divergence from 1887). Dated 1847, checkpoint 1794 for 1872.
-
-    The latest ``recovery_obs`` rows before the raise were each in band and carried no lift of their own: the lift
-    was over, as an episode ends, and the incident begins with the raise. Both fail on da9c701. Streaming reads them
-    as offline does."""
-    steps, cols = _fresh_run(name)
-    # The fp16 run's scaler as its run.json states it (without it the start-up calibration reads as a collapse).
-    meta = None if name == "f685406-129" else {"scaler": {"init_scale": 65536.0, "growth_factor": 2.0,
-                                                          "backoff_factor": 0.5, "growth_interval": 22}}
-    report = analyze(rows_table(steps, **cols), _fresh_events(f"{name}-checkpoints.json"), meta=meta)
-    onset, checkpoint = (302, 276) if name == "f685406-129" else (1887, 1872)
-    late = [(f.kind, f.onset_step, f.severity) for f in report.findings
-            if f.kind in ("spike", "divergence") and f.onset_step > onset - 100]
-    assert late == [("divergence", onset, "critical")], report.findings
-    assert report.rollback is not None and report.rollback.checkpoint_step == checkpoint, report.rollback
-    _streams_alike(name, steps, cols, report, meta)
-
-
-@pytest.mark.parametrize("seed", range(8))
-def test_126_guard_a_lift_still_there_at_the_raise_keeps_its_onset(seed: int) -> None:
-    """A lift of 3 noise sigmas from row 585 that stays, the LR growing x1.05 a step from 603 and the loss climbing
-    with it, the alarm after the growth began. The lift's latest rows are in band (the detector's sigma here reads
-    ~1.5 of the noise's) but still lifted: the excursion began with the lift, and the advice precedes it. A review's
-    case: the first version of the rule asked only that the latest rows be in band and dated 4 of these 8 seeds 604,
-    checkpoint 602, inside the lift (da9c701 keeps the onset on all 8)."""
+@pytest.mark.parametrize(("start", "seed"), [(585, s) for s in range(8)] + [(565, s) for s in (8, 9, 12)])
+def test_126_a_lift_still_there_at_the_raise_keeps_its_onset(start: int, seed: int) -> None:
+    """A lift of 3 noise sigmas from row ``start`` that stays, the LR growing x1.05 a step from 603 and the loss
+    climbing with it, the alarm after the growth began (``_not_before_its_cause``). The rows from the lift to the
+    raise carry a lift of their own, and the advice precedes it. The forty-fifth round tried calling a lift over
+    when its latest ``recovery_obs`` rows before the raise were in band (dde513e: 604 and checkpoint 602, inside the
+    lift, on seeds 1, 3, 6 and 7 from 585) and, after a review, in band and under ``growth_z`` by themselves (81eee45:
+    the same from 565 on seeds 8, 9 and 12, where the falling trend leaves the latest rows nearest a flat level).
+    Eight rows cannot tell a lift that lasts from one that ended: both were reverted, and these cases guard it."""
     n = 1000
     loss, grad = loss_curve(n, seed=seed), grad_curve(n, seed=seed + 10)
     lr = np.full(n, 1e-3)
     lr[603:] *= 1.05 ** np.arange(1, n - 603 + 1)
-    loss[585:] += 0.09
+    loss[start:] += 0.09
     loss[606:] += 0.002 * np.arange(1, n - 606 + 1)
     report = analyze(rows_table(np.arange(n), loss=loss, grad_norm=grad, lr=lr),
                      _ckpts(list(range(500, 603, 10)) + [598, 602]))
     first = min(report.findings, key=lambda f: f.onset_step)
-    assert first.kind == "divergence" and first.onset_step <= 586, report.findings
-    assert report.rollback is not None and report.rollback.checkpoint_step <= 580, report.rollback
+    assert first.kind == "divergence" and first.onset_step <= start + 1, report.findings
+    assert report.rollback is not None and report.rollback.checkpoint_step <= start - 5, report.rollback
+
+
+@pytest.mark.xfail(strict=True, reason="known limit: the loss alone cannot tell the run's own wander before an LR "
+                                        "raise from a lift that lasts (test 126's guard)")
+@pytest.mark.parametrize("name", ["f551533-024", "f685406-129", "f911723-118"])
+def test_126_the_runs_own_wander_before_an_lr_raise_dates_its_incident_early(name: str) -> None:
+    """Real CPU training, three runs whose LR grows off the schedule and stays up; the labeller (who has the clean
+    twin) dates each divergence at the growth's first consequence. The CUSUM alarmed only after the growth, its last
+    zero tens of rows before it, and the rows from there stand ``growth_z`` standard errors above the level: a lift
+    of the run's own noise that the twin shows alike, which the loss alone cannot tell from a real one that lasts
+    (the guard above), so the onset stays early and the advice is a checkpoint too early.
+
+    f551533-024 (fresh seed 551533's run 024, ``tests/fixtures/fresh``): fp32, batch 4, multistep, checkpoints every
+    45; a bump at 756-761, the LR growing from 767: dated 756, checkpoint 720 for 765. f685406-129: fp32, batch 17,
+    constant LR, checkpoints every 69; two rows out at 277-278, the loss ~1 sigma up after them, the LR growing from
+    301: 277, checkpoint 207 for 276. f911723-118: fp16, batch 3, linear decay, checkpoints every 78; an LR ramp
+    riding the decay from 1886: 1847, checkpoint 1794 for 1872. Strict: a change that gets one right must say so."""
+    steps, cols = _fresh_run(name)
+    # The fp16 run's scaler as its run.json states it (without it the start-up calibration reads as a collapse).
+    meta = {"scaler": {"init_scale": 65536.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 22}} \
+        if name == "f911723-118" else None
+    report = analyze(rows_table(steps, **cols), _fresh_events(f"{name}-checkpoints.json"), meta=meta)
+    onset, checkpoint = {"f551533-024": (768, 765), "f685406-129": (302, 276), "f911723-118": (1887, 1872)}[name]
+    late = [(f.kind, f.onset_step) for f in report.findings
+            if f.kind in ("spike", "divergence") and f.onset_step > onset - 100]
+    assert late == [("divergence", onset)] and report.rollback.checkpoint_step == checkpoint, report.findings
