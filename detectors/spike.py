@@ -401,8 +401,8 @@ class SpikeScanner:
             self.closed.pop()
             last.recovered_at, last.carry, last.end = None, 0, trigger
             last.data["below"] = last.data["above"] = 0  # judged afresh (what came before the recovery is settled)
-            last.data["loss_moved"] = last.data.get("loss_moved", False) or bool(self.far_out(last, loss, onset,
-                                                                                               trigger + 1).any())
+            last.data["loss_moved"] = last.data.get("loss_moved", False) or bool(self.far_out(
+                last, loss, onset, self.residuals(last, loss, onset, trigger + 1)[0]).any())
             self.episode = last
             self.pos = self._noted = trigger + 1
             self.streak = None
@@ -432,7 +432,8 @@ class SpikeScanner:
         # one at the trigger has taken in the rows the excursion lifted since its onset (fresh seed 431310's run 102:
         # a loss 6.8 sigmas out at the trigger read as not moved, and the episode, led by a gradient norm that settled
         # at a new level, stayed open 474 steps and swallowed the burst that needed action).
-        self.episode.data["loss_moved"] = bool(self.far_out(self.episode, loss, onset, trigger + 1).any())
+        self.episode.data["loss_moved"] = bool(self.far_out(
+            self.episode, loss, onset, self.residuals(self.episode, loss, onset, trigger + 1)[0]).any())
         self.pos = trigger + 1
         self._noted = self.pos
         self.streak = None
@@ -460,10 +461,11 @@ class SpikeScanner:
         dt = np.clip(self.coord.view[lo:hi] - f["t0"], 0.0, f["span"])
         return np.maximum(f["level"] + f["slope"] * dt, f["floor"])
 
-    def far_out(self, ep: Episode, loss: np.ndarray, lo: int, hi: int) -> np.ndarray:
-        """Rows lo..hi-1 where the loss itself is far out: past the opening bar (``thr_loss``) of the episode's frozen
-        baseline and ``min_rise`` above its projected trend. What "the loss moved" means, wherever it is asked."""
-        zl, _ = self.residuals(ep, loss, lo, hi)
+    def far_out(self, ep: Episode, loss: np.ndarray, lo: int, zl: np.ndarray) -> np.ndarray:
+        """The rows from ``lo`` whose loss residuals (``residuals``) are ``zl`` where the loss itself is far out: past
+        the opening bar (``thr_loss``) of the episode's frozen baseline and ``min_rise`` above its projected trend.
+        What "the loss moved" means, wherever it is asked."""
+        hi = lo + len(zl)
         with np.errstate(invalid="ignore", divide="ignore"):
             rise = (loss[lo:hi] - self.projection(ep, lo, hi)) / abs(ep.frozen["level"])
         return (np.nan_to_num(zl, nan=-np.inf) > ep.frozen["thr_loss"]) & (rise >= self.cfg.min_rise)
@@ -483,7 +485,7 @@ class SpikeScanner:
             if ep.data["grad_led"]:
                 # Led by the gradient norm: until the loss itself moves, the gradient norm must come back too;
                 # once the loss moved, the loss decides (a norm that settles at a new level is a new regime).
-                moved = np.maximum.accumulate(self.far_out(ep, loss, lo, n)) | ep.data.get("loss_moved", False)
+                moved = np.maximum.accumulate(self.far_out(ep, loss, lo, zl)) | ep.data.get("loss_moved", False)
                 ok &= moved | np.isnan(zg) | (zg <= cfg.z_band)
         start, ep.carry = first_run(ok, cfg.recovery_obs, ep.carry)
         # Each way an episode can end is decided at one observation, the earliest wins (ties in this order), so
@@ -574,7 +576,7 @@ class SpikeScanner:
             return n - lo
         a, zl, zg = recent
         thr = ep.frozen["thr_loss"]
-        far = self.far_out(ep, loss, a, n)
+        far = self.far_out(ep, loss, a, zl)
         if not far[w:].any():
             return n - lo
         z = np.nan_to_num(zl, nan=np.inf)  # a missing value is not back in band
@@ -653,7 +655,7 @@ class SpikeScanner:
         sum over the episode past ``cusum_h`` or ``burst_lasted_h``. A blip is the run's own tail, not an incident
         worth excluding."""
         zl, _ = self.residuals(ep, loss, ep.onset, end)
-        return self.lasted(zl, self.far_out(ep, loss, ep.onset, end))
+        return self.lasted(zl, self.far_out(ep, loss, ep.onset, zl))
 
     def lasted(self, zl: np.ndarray, far: np.ndarray) -> bool:
         """An excursion with residuals ``zl`` lasted: ``persist_obs`` far-out observations in a row, its clipped
@@ -856,7 +858,7 @@ def classify(sc: SpikeScanner, ep: Episode, obs: Observations) -> Finding | None
         zl, zg, onset = zl[1:], zg[1:], onset + 1
     zl_c, zg_c = np.nan_to_num(zl, nan=-np.inf), np.nan_to_num(zg, nan=-np.inf)
     base = f["level"]
-    far = sc.far_out(ep, loss, onset, end + 1)
+    far = sc.far_out(ep, loss, onset, zl)
     num_far, num_out = int(far.sum()), int((zl_c > cfg.z_band).sum())
     loss_moved = num_far > 0 or ep.rule != "shewhart"  # a CUSUM of the bank fired: the loss moved
     grad_far = math.isfinite(f["glevel"]) and bool(np.any((zg_c > f["thr_grad"]) & (zg_c * f["gscale"] >= math.log(cfg.grad_min_ratio))))

@@ -853,19 +853,17 @@ def _lr_story_of(steps: np.ndarray, lr: np.ndarray, onset: int, end: int, peak: 
     return _lr_story(steps, lr, at, last, 0, DEFAULT.spike.patience_obs, DEFAULT.lr, peak=top)
 
 
-def _streams_alike(name: str | None, steps: np.ndarray, cols: dict[str, np.ndarray], report: Report,
-                   meta: dict | None = None) -> None:
-    """The same rows fed one at a time to ``StreamingAnalyzer`` (with run ``name``'s checkpoints, none for None, and
-    the run's ``meta``) read ``report``."""
+def _streams_alike(name: str | None, steps: np.ndarray, cols: dict[str, np.ndarray], report: Report) -> None:
+    """The same rows fed one at a time to ``StreamingAnalyzer`` (with run ``name``'s checkpoints, none for None) read
+    ``report``."""
     events = None if name is None else _fresh_events(f"{name}-checkpoints.json")
-    _table_streams_alike(rows_table(steps, **cols), events, report.findings, meta)
+    _table_streams_alike(rows_table(steps, **cols), events, report.findings)
 
 
-def _table_streams_alike(rows: pa.Table, events: pa.Table | None, findings: list[Finding],
-                         meta: dict | None = None) -> None:
+def _table_streams_alike(rows: pa.Table, events: pa.Table | None, findings: list[Finding]) -> None:
     """``rows`` fed one at a time to ``StreamingAnalyzer`` (as a monitor writes them: without the store's ``main``
-    column) with ``events`` and ``meta`` read ``findings``."""
-    live = StreamingAnalyzer(events, meta=meta)
+    column) with ``events`` read ``findings``."""
+    live = StreamingAnalyzer(events)
     for row in (rows.drop_columns(["main"]) if "main" in rows.column_names else rows).to_pylist():
         live.update(row)
     assert live.report().findings == findings
